@@ -1,0 +1,25 @@
+# farmem: `make build` builds bin/farmem (the preload shim is embedded in it);
+# `make test` runs every test (as root: userfaultfd, /proc of other processes).
+GO      ?= go
+CC      ?= gcc
+SHIM    := launcher/shim/libfarmem.so
+
+.PHONY: build test shim workloads clean
+build: shim workloads
+	$(GO) build -o bin/farmem ./cmd/farmem
+
+shim: $(SHIM)
+$(SHIM): launcher/shim/shim.c
+	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
+
+workloads: bin/torture
+bin/torture: workloads/torture/torture.c
+	@mkdir -p bin
+	$(CC) -O2 -Wall -pthread -o $@ $<
+
+test: build
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 20m ./...
+
+clean:
+	rm -rf bin $(SHIM)

@@ -1,0 +1,33 @@
+// Package backend defines where evicted pages live and provides the embedded store that
+// `farmem run` uses when no memory servers are configured.
+//
+// A Backend stores whole 4 KiB pages under slots it chooses. Slots are owned by the runtime's
+// page tables; sharing a slot between a parent and a forked child is counted by
+// pagetable.Slots, never here, so a Backend only ever sees one Free per stored page.
+package backend
+
+import "errors"
+
+// PageSize is the unit every backend stores.
+const PageSize = 4096
+
+// Slot names one stored page. Zero is never a valid slot: page tables use it for
+// "no stored copy" (a page that is all zeros needs none).
+type Slot uint64
+
+// ErrUnknownSlot is returned by Load for a slot that was never stored or already freed:
+// the caller must stop the program, never serve zeros in its place.
+var ErrUnknownSlot = errors.New("backend: unknown slot")
+
+// Backend is the interface the fabric's memory servers plug into (issue 3).
+type Backend interface {
+	// Store writes len(src)/PageSize pages and fills slots[i] with page i's slot.
+	Store(src []byte, slots []Slot) error
+	// Load reads one page into dst (len PageSize).
+	Load(slot Slot, dst []byte) error
+	// Free releases slots; freed slots may be reused by later Stores.
+	Free(slots ...Slot)
+	// Stats reports pages currently stored.
+	Stored() int
+	Close() error
+}

@@ -1,0 +1,160 @@
+// Command farmem runs an unmodified program with a cap on its local memory; the rest of its
+// anonymous memory lives in a backend and comes back on demand.
+package main
+
+import (
+	"bufio"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/launcher"
+	"github.com/farmem/farmem/uffd"
+)
+
+// minLocalMem is the smallest cap: below it the eviction headroom and the program's own
+// non-heap memory leave nothing to page.
+const minLocalMem = 16 << 20
+
+// usageError is bad input: one line on stderr, exit status 2, nothing started.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+func main() {
+	app := &cli.App{
+		Name:  "farmem",
+		Usage: "run a program with a cap on its local memory; the rest lives in far memory",
+		Description: "Example:\n   farmem run --local-mem 256MiB -- redis-server --port 6400 --save ''\n\n" +
+			"The program runs unmodified through a preload shim; its anonymous memory beyond the cap\n" +
+			"is evicted to the backend (embedded in farmem unless memory servers are given) and brought\n" +
+			"back 4 KiB at a time when touched.",
+		HideHelpCommand: true,
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usageError{err.Error()}
+		},
+		Commands: []*cli.Command{runCommand()},
+	}
+	err := app.Run(os.Args)
+	var ue usageError
+	var ex cli.ExitCoder
+	switch {
+	case err == nil:
+	case errors.As(err, &ue):
+		fmt.Fprintf(os.Stderr, "farmem: %v\n", err)
+		os.Exit(2)
+	case errors.As(err, &ex):
+		if msg := ex.Error(); msg != "" {
+			fmt.Fprintf(os.Stderr, "farmem: %s\n", msg)
+		}
+		os.Exit(ex.ExitCode())
+	default:
+		fmt.Fprintf(os.Stderr, "farmem: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "run a program under a local-memory cap",
+		ArgsUsage: "-- PROGRAM [ARGS...]",
+		Description: "The program's exit status becomes farmem's (128+N if killed by signal N); SIGINT,\n" +
+			"SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to it. If farmem cannot serve a page (it\n" +
+			"crashed, the backend lost it), the program is stopped: it never reads zeros in its place.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB)", Required: true},
+			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
+		},
+		Action: func(c *cli.Context) error {
+			capBytes, err := parseSize(c.String("local-mem"))
+			if err != nil {
+				return usagef("--local-mem: %v", err)
+			}
+			if capBytes < minLocalMem {
+				return usagef("--local-mem %s is below the minimum of 16MiB", c.String("local-mem"))
+			}
+			argv := c.Args().Slice()
+			if len(argv) == 0 {
+				return usagef("no program given: usage is farmem run --local-mem SIZE -- PROGRAM [ARGS...]")
+			}
+			path, err := checkProgram(argv[0])
+			if err != nil {
+				return err
+			}
+			if err := checkUserfaultfd(); err != nil {
+				return err
+			}
+			argv[0] = path
+			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: backend.NewMemory(), Quiet: c.Bool("quiet")})
+			if err != nil {
+				return cli.Exit(err.Error(), max(status, 1))
+			}
+			if status != 0 {
+				return cli.Exit("", status)
+			}
+			return nil
+		},
+	}
+}
+
+// checkProgram resolves the program and refuses what the preload shim cannot enter.
+func checkProgram(name string) (string, error) {
+	path, err := exec.LookPath(name)
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return "", usagef("program %q not found", name)
+		}
+		return "", usagef("program %q cannot be run: %v", name, errors.Unwrap(err))
+	}
+	return path, checkDynamic(path, 0)
+}
+
+// checkDynamic follows #! interpreters and requires a dynamically linked ELF at the end:
+// a static program ignores LD_PRELOAD and would run unpaged, silently.
+func checkDynamic(path string, depth int) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return usagef("program %q cannot be read: %v", path, err)
+	}
+	defer f.Close()
+	head := make([]byte, 256)
+	n, _ := f.Read(head)
+	head = head[:n]
+	if strings.HasPrefix(string(head), "#!") && depth < 4 {
+		line, _, _ := bufio.NewReader(strings.NewReader(string(head[2:]))).ReadLine()
+		fields := strings.Fields(string(line))
+		if len(fields) == 0 {
+			return usagef("script %q has an empty #! line", path)
+		}
+		return checkDynamic(fields[0], depth+1)
+	}
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return usagef("program %q is neither an ELF executable nor a #! script", path)
+	}
+	for _, p := range ef.Progs {
+		if p.Type == elf.PT_INTERP {
+			return nil
+		}
+	}
+	return usagef("program %q is statically linked: farmem cannot preload its shim into it", path)
+}
+
+func checkUserfaultfd() error {
+	fd, err := uffd.Open(unix.O_CLOEXEC)
+	if err != nil {
+		return usagef("cannot use userfaultfd (%v): run as root, or give your user read-write access to /dev/userfaultfd, or set sysctl vm.unprivileged_userfaultfd=1", err)
+	}
+	unix.Close(fd)
+	return nil
+}

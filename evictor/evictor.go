@@ -1,0 +1,298 @@
+// Package evictor keeps the resident pages of all of a run's processes under the cap.
+//
+// One evictor goroutine serves every process. A batch is evicted in the only order that
+// proved race-free under concurrent writers (DESIGN.md section 3):
+//
+//	write-protect the dirty victims -> process_vm_readv them -> store them in the backend ->
+//	commit (page table: Evicted, InFlight, Zapping) -> agent madvise(DONTNEED) -> wake
+//
+// Clean victims (installed write-protected from a slot and never written) skip the first
+// three steps: their slot is still current. The fault thread, not the evictor, consumes the
+// REMOVE events our DONTNEEDs raise; the evictor never reads the uffd.
+package evictor
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/uffd"
+)
+
+// Run is a contiguous range of pages.
+type Run struct{ Addr, Len uint64 }
+
+// Target is one process the evictor may take pages from.
+type Target interface {
+	Pid() int
+	UFFD() int
+	Table() *pagetable.PageTable
+	// CanEvict reports whether the process has an agent to drop pages.
+	CanEvict() bool
+	// Drop asks the process's agent to madvise(DONTNEED) runs and waits for it.
+	Drop(runs []Run) error
+	// Fail stops the process with a message (a page could not be evicted safely).
+	Fail(err error)
+}
+
+// BatchPages is how many pages one eviction batch takes at most.
+const BatchPages = 256
+
+// Stats counts what the evictor did.
+type Stats struct {
+	Batches, Written, Dropped, Zero atomic.Int64
+}
+
+// Evictor evicts pages when Resident exceeds the high watermark.
+type Evictor struct {
+	CapPages  int64         // the cap, in pages
+	High, Low int64         // start evicting above High, stop at Low
+	Resident  *atomic.Int64 // resident pages of all processes
+	Targets   func() []Target
+	Backend   backend.Backend
+	Stats     Stats
+	Kick      chan struct{} // a fault thread signals pressure; capacity 1
+
+	buf      []byte
+	victims  []uint64
+	slots    []backend.Slot
+	progress atomic.Int64 // bumped after each batch; fault threads waiting for room watch it
+}
+
+// New sizes the watermarks for a cap: headroom of 1/16 of the cap (64..4096 pages) so that a
+// burst of faults is absorbed while a batch is in flight.
+func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func() []Target) *Evictor {
+	head := capPages / 16
+	head = max(64, min(head, 4096))
+	return &Evictor{
+		CapPages: capPages, High: capPages - head/2, Low: capPages - head, Resident: resident,
+		Targets: targets, Backend: b, Kick: make(chan struct{}, 1),
+		buf: make([]byte, BatchPages*uffd.PageSize), slots: make([]backend.Slot, BatchPages),
+	}
+}
+
+// Progress returns a counter bumped after every batch.
+func (e *Evictor) Progress() int64 { return e.progress.Load() }
+
+// Loop evicts until stop is closed.
+func (e *Evictor) Loop(stop <-chan struct{}) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-e.Kick:
+		case <-tick.C:
+		}
+		for e.Resident.Load() > e.High {
+			t := e.largest()
+			if t == nil {
+				break
+			}
+			want := int(min(e.Resident.Load()-e.Low, BatchPages))
+			if err := e.evictBatch(t, want); err != nil {
+				t.Fail(err)
+			}
+			e.progress.Add(1)
+		}
+	}
+}
+
+func (e *Evictor) largest() Target {
+	var best Target
+	bestN := 0
+	for _, t := range e.Targets() {
+		if !t.CanEvict() {
+			continue
+		}
+		tb := t.Table()
+		tb.Lock()
+		n := tb.Resident()
+		tb.Unlock()
+		if n > bestN {
+			best, bestN = t, n
+		}
+	}
+	return best
+}
+
+// runs groups sorted pages into contiguous runs.
+func runs(pages []uint64, out []Run) []Run {
+	out = out[:0]
+	for _, p := range pages {
+		if k := len(out); k > 0 && out[k-1].Addr+out[k-1].Len == p {
+			out[k-1].Len += uffd.PageSize
+			continue
+		}
+		out = append(out, Run{p, uffd.PageSize})
+	}
+	return out
+}
+
+func retryEAGAIN(f func() error) error {
+	for i := 0; ; i++ {
+		err := f()
+		if !errors.Is(err, unix.EAGAIN) {
+			return err
+		}
+		// An unread uffd event (the program's madvise/munmap/fork) blocks the ioctl; the fault
+		// thread reads it shortly.
+		time.Sleep(time.Duration(min(i+1, 100)) * 10 * time.Microsecond)
+	}
+}
+
+var errGone = errors.New("process gone")
+
+func (e *Evictor) evictBatch(t Target, want int) error {
+	tb := t.Table()
+	fd := t.UFFD()
+	tb.Lock()
+	e.victims = tb.Victims(want, e.victims)
+	var dirty, clean []uint64
+	for _, p := range e.victims {
+		en := tb.Get(p)
+		if en.Dirty || en.Slot == 0 {
+			en.State = pagetable.Evicting
+			dirty = append(dirty, p)
+		} else {
+			clean = append(clean, p)
+		}
+	}
+	tb.Unlock()
+	if len(e.victims) == 0 {
+		return nil
+	}
+	dirtyRuns := runs(dirty, nil)
+	for _, r := range dirtyRuns {
+		// (The kernel refuses DONTWAKE together with WP: EINVAL.)
+		err := retryEAGAIN(func() error { return uffd.WriteProtect(fd, r.Addr, r.Len, uffd.WPModeWP) })
+		if errors.Is(err, unix.ESRCH) {
+			return nil // the process exited under us
+		}
+		if err != nil {
+			return fmt.Errorf("evict: write-protect %#x+%d: %w", r.Addr, r.Len, err)
+		}
+	}
+	// Copy out: the pages are present and write-protected, so reading them cannot fault and
+	// no write can slip in between the copy and the drop.
+	n := len(dirty)
+	if n > 0 {
+		local := []unix.Iovec{{Base: &e.buf[0]}}
+		local[0].SetLen(n * uffd.PageSize)
+		remote := make([]unix.RemoteIovec, len(dirtyRuns))
+		for i, r := range dirtyRuns {
+			remote[i] = unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)}
+		}
+		got, err := unix.ProcessVMReadv(t.Pid(), local, remote, 0)
+		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		if err != nil || got != n*uffd.PageSize {
+			return fmt.Errorf("evict: process_vm_readv of %d pages read %d bytes: %v", n, got, err)
+		}
+	}
+	// Store the non-zero pages; an all-zero page needs no copy (slot 0).
+	slots := e.slots[:n]
+	var nz []int
+	for i := 0; i < n; i++ {
+		slots[i] = 0
+		if !isZero(e.buf[i*uffd.PageSize : (i+1)*uffd.PageSize]) {
+			nz = append(nz, i)
+		}
+	}
+	if len(nz) > 0 {
+		packed := e.buf
+		if len(nz) != n {
+			packed = make([]byte, len(nz)*uffd.PageSize)
+			for j, i := range nz {
+				copy(packed[j*uffd.PageSize:], e.buf[i*uffd.PageSize:(i+1)*uffd.PageSize])
+			}
+		}
+		ns := make([]backend.Slot, len(nz))
+		if err := e.Backend.Store(packed[:len(nz)*uffd.PageSize], ns); err != nil {
+			return fmt.Errorf("evict: backend store: %w", err)
+		}
+		for j, i := range nz {
+			slots[i] = ns[j]
+		}
+	}
+	// Commit: only pages still in the state we left them in; the program may have discarded
+	// (REMOVE/UNMAP) or written (clean pages) some meanwhile.
+	var drop []uint64
+	tb.Lock()
+	for i, p := range dirty {
+		en := tb.Get(p)
+		if en == nil || en.State != pagetable.Evicting {
+			if slots[i] != 0 {
+				e.Backend.Free(slots[i])
+			}
+			continue
+		}
+		tb.MarkEvicted(en, slots[i])
+		drop = append(drop, p)
+		if slots[i] == 0 {
+			e.Stats.Zero.Add(1)
+		} else {
+			e.Stats.Written.Add(1)
+		}
+	}
+	for _, p := range clean {
+		en := tb.Get(p)
+		if en == nil || en.State != pagetable.Resident || en.Dirty {
+			tb.Requeue(p)
+			continue
+		}
+		tb.MarkEvicted(en, en.Slot)
+		drop = append(drop, p)
+		e.Stats.Dropped.Add(1)
+	}
+	tb.Unlock()
+	slices.Sort(drop)
+	dropRuns := runs(drop, nil)
+	if len(dropRuns) > 0 {
+		if err := t.Drop(dropRuns); err != nil {
+			if errors.Is(err, errGone) {
+				return nil
+			}
+			return fmt.Errorf("evict: agent drop: %w", err)
+		}
+	}
+	tb.Lock()
+	for _, p := range drop {
+		if en := tb.Get(p); en != nil && en.State == pagetable.Evicted {
+			en.Zapping = false
+		}
+	}
+	tb.Unlock()
+	// Writers that hit the write protection wait for this wake; their retry now faults as
+	// MISSING and is served from the stored copy.
+	for _, r := range dirtyRuns {
+		if err := uffd.Wake(fd, r.Addr, r.Len); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("evict: wake: %w", err)
+		}
+	}
+	e.Stats.Batches.Add(1)
+	return nil
+}
+
+// ErrGone is what Target.Drop returns when the process exited meanwhile.
+var ErrGone = errGone
+
+func isZero(b []byte) bool {
+	w := unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
+	for _, x := range w {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+

@@ -1,0 +1,186 @@
+// Package fetcher is the fault path: one OS-locked thread per process reads its userfaultfd,
+// serves each fault from the right tier (zero fill, backend), and applies layout events
+// (REMOVE, UNMAP, REMAP, FORK) to the process's page table.
+//
+// The fault thread never waits on anything that waits on a fault: with EVENT_REMOVE/UNMAP/FORK
+// the program's madvise/munmap/fork block until the event is read, and while one is unread
+// every COPY/ZEROPAGE returns EAGAIN. A fault hit by EAGAIN is kept and re-resolved from
+// scratch after the events are read (the page's state may have changed), never dropped.
+package fetcher
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/evictor"
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/uffd"
+)
+
+// RegisterMode is how every range is registered: MISSING for first touch and re-fault, WP for
+// dirty tracking and the eviction protocol.
+const RegisterMode = uffd.ModeMissing | uffd.ModeWP
+
+// Agent is the connection to a process's agent thread.
+type Agent interface {
+	Drop(runs []evictor.Run) error
+	Close() error
+}
+
+// Process is one process of the run (the program, or a fork child of it).
+type Process struct {
+	rt    *Runtime
+	fd    int // the uffd; owned
+	table *pagetable.PageTable
+	stop  int // eventfd that ends the fault thread
+
+	pid      atomic.Int32 // 0 until the shim's hello (a fork child is served before it says hello)
+	agentTid atomic.Int32 // faults from this thread are never throttled: eviction needs it
+	agentMu  sync.Mutex
+	agent    Agent // protected by agentMu
+
+	regMu      sync.Mutex
+	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
+
+	// fault-thread-only state
+	zeroNext uint64 // the page right after the last zero-fill, for sequential first touch
+	zeroWin  int
+
+	done     chan struct{} // closed when the fault thread has exited
+	failOnce sync.Once
+}
+
+func newProcess(rt *Runtime, fd int, table *pagetable.PageTable) (*Process, error) {
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	return &Process{rt: rt, fd: fd, table: table, stop: stop, registered: make(map[uint64]uint64), done: make(chan struct{}), zeroWin: 1}, nil
+}
+
+// Pid implements evictor.Target.
+func (p *Process) Pid() int { return int(p.pid.Load()) }
+
+// UFFD implements evictor.Target.
+func (p *Process) UFFD() int { return p.fd }
+
+// Table implements evictor.Target.
+func (p *Process) Table() *pagetable.PageTable { return p.table }
+
+// CanEvict implements evictor.Target.
+func (p *Process) CanEvict() bool {
+	p.agentMu.Lock()
+	defer p.agentMu.Unlock()
+	return p.agent != nil && p.pid.Load() != 0
+}
+
+// Drop implements evictor.Target.
+func (p *Process) Drop(runs []evictor.Run) error {
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	if a == nil {
+		return evictor.ErrGone
+	}
+	return a.Drop(runs)
+}
+
+// Fail implements evictor.Target: stop the program rather than let it see wrong data.
+func (p *Process) Fail(err error) {
+	p.failOnce.Do(func() {
+		pid := p.Pid()
+		fmt.Fprintf(os.Stderr, "farmem: cannot serve process %d any more: %v; stopping it\n", pid, err)
+		if pid > 0 {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		p.rt.noteFailure(fmt.Errorf("process %d: %w", pid, err))
+	})
+}
+
+// SetAgent attaches the agent connection; tid is the agent thread.
+func (p *Process) SetAgent(a Agent, tid int) {
+	p.agentMu.Lock()
+	old := p.agent
+	p.agent = a
+	p.agentMu.Unlock()
+	p.agentTid.Store(int32(tid))
+	if old != nil {
+		old.Close()
+	}
+}
+
+// Register registers [start, start+length) with the process's uffd and adopts its present pages.
+func (p *Process) Register(start, length uint64) error {
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	if end, ok := p.registered[start]; ok && end == start+length {
+		return nil
+	}
+	if _, err := uffd.Register(p.fd, start, length, RegisterMode); err != nil {
+		return err
+	}
+	p.registered[start] = start + length
+	return p.adopt(start, length)
+}
+
+// adopt records the pages of a just-registered range that are already present: the program
+// touched them before we could register (glibc's internal brk/mmap). They have no stored copy.
+func (p *Process) adopt(start, length uint64) error {
+	pid := p.Pid()
+	if pid == 0 {
+		return nil
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	n := length / uffd.PageSize
+	buf := make([]byte, 8*min(n, 8192))
+	for off := uint64(0); off < n; {
+		k := min(n-off, uint64(len(buf)/8))
+		if _, err := f.ReadAt(buf[:8*k], int64((start/uffd.PageSize+off)*8)); err != nil {
+			return err
+		}
+		p.table.Lock()
+		for i := uint64(0); i < k; i++ {
+			e := uint64(buf[8*i]) | uint64(buf[8*i+1])<<8 | uint64(buf[8*i+2])<<16 | uint64(buf[8*i+3])<<24 |
+				uint64(buf[8*i+4])<<32 | uint64(buf[8*i+5])<<40 | uint64(buf[8*i+6])<<48 | uint64(buf[8*i+7])<<56
+			if e>>63 == 0 {
+				continue
+			}
+			page := start + (off+i)*uffd.PageSize
+			if p.table.Get(page) == nil {
+				p.table.Install(page, true, 0)
+			}
+		}
+		p.table.Unlock()
+		off += k
+	}
+	return nil
+}
+
+// forgetRange drops registrations inside [start, end) (UNMAP).
+func (p *Process) forgetRange(start, end uint64) {
+	p.regMu.Lock()
+	for s, e := range p.registered {
+		if s < end && e > start {
+			delete(p.registered, s)
+		}
+	}
+	p.regMu.Unlock()
+}
+
+// Stop ends the fault thread and waits for it.
+func (p *Process) Stop() {
+	var one = [8]byte{1}
+	unix.Write(p.stop, one[:])
+	<-p.done
+}
+
+var errStopped = errors.New("stopped")

@@ -1,0 +1,221 @@
+// Package launcher starts a program under farmem: it writes out the embedded preload shim,
+// listens for the shim's connections, starts the program with LD_PRELOAD, serves it through a
+// fetcher.Runtime, forwards signals, and returns the program's exit status.
+package launcher
+
+import (
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/fetcher"
+)
+
+//go:embed shim/libfarmem.so
+var shimSO []byte
+
+// Options configure one run.
+type Options struct {
+	LocalMem int64    // cap in bytes
+	Argv     []string // program and its arguments
+	Backend  backend.Backend
+	Quiet    bool
+}
+
+// Run runs the program to completion and returns the exit status farmem should exit with.
+func Run(o Options) (int, error) {
+	dir, err := os.MkdirTemp("", "farmem-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	shim := filepath.Join(dir, "libfarmem.so")
+	if err := os.WriteFile(shim, shimSO, 0o555); err != nil {
+		return 0, fmt.Errorf("writing the preload shim: %w", err)
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	sock := fmt.Sprintf("@farmem-%d-%s", os.Getpid(), hex.EncodeToString(rnd[:]))
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		return 0, fmt.Errorf("listening for the shim: %w", err)
+	}
+	defer ln.Close()
+
+	rt := fetcher.NewRuntime(o.LocalMem/fetcher.PageSize, o.Backend)
+	defer rt.Close()
+	go acceptLoop(ln, rt)
+
+	cmd := exec.Command(o.Argv[0], o.Argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	pre := shim
+	if old := os.Getenv("LD_PRELOAD"); old != "" {
+		pre = shim + ":" + old
+	}
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+pre, "FARMEM_SOCK="+sock)
+	// If farmem dies, the program dies with it: nobody could serve its evicted pages.
+	// Pdeathsig fires when the *thread* that forked exits, so fork from a thread that lives
+	// as long as farmem: this goroutine keeps it locked and never unlocks.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	started := make(chan error, 1)
+	waited := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		waited <- cmd.Wait()
+		select {} // keep the locked thread (and so Pdeathsig) alive until farmem exits
+	}()
+	if err := <-started; err != nil {
+		return 0, fmt.Errorf("starting %s: %w", o.Argv[0], err)
+	}
+
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+	var werr error
+wait:
+	for {
+		select {
+		case s := <-sigs:
+			cmd.Process.Signal(s)
+		case werr = <-waited:
+			break wait
+		}
+	}
+	// Fork children (redis's BGSAVE, daemons) still depend on us for their evicted pages.
+	for rt.Live() > 0 {
+		select {
+		case s := <-sigs:
+			_ = s
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	status := exitStatus(cmd, werr)
+	if f := rt.Failure(); f != nil {
+		return status, fmt.Errorf("the program was stopped: %w", f)
+	}
+	if !o.Quiet {
+		printSummary(rt, o)
+	}
+	return status, nil
+}
+
+func exitStatus(cmd *exec.Cmd, err error) int {
+	ps := cmd.ProcessState
+	if ps == nil {
+		return 1
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+func printSummary(rt *fetcher.Runtime, o Options) {
+	s := &rt.Stats
+	e := &rt.Evictor.Stats
+	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB; faults: zero-fill %d (%d pages), backend %d; evicted: written %d, clean dropped %d, zero %d\n",
+		o.LocalMem>>20, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load())
+}
+
+func acceptLoop(ln *net.UnixListener, rt *fetcher.Runtime) {
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		go handleConn(&conn{c: c}, rt)
+	}
+}
+
+// handleConn serves one shim connection: a control connection (HELLO, then REGISTER requests)
+// or an agent connection (AGENT_HELLO, then eviction requests we send).
+func handleConn(c *conn, rt *fetcher.Runtime) {
+	m, fd, err := c.recv()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "farmem: bad shim handshake: %v\n", err)
+		c.c.Close()
+		return
+	}
+	switch m.Type {
+	case msgAgentHello:
+		p := rt.Lookup(int(m.Pid))
+		if p == nil {
+			c.c.Close()
+			return
+		}
+		p.SetAgent(&agentConn{c: c}, int(m.A))
+		if m.B != 0 {
+			p.Table().Lock()
+			p.Table().Pin(m.B, m.B+m.C)
+			p.Table().Unlock()
+		}
+		return // the evictor drives this connection from now on
+	case msgHello:
+	default:
+		c.c.Close()
+		return
+	}
+	defer c.c.Close()
+	var p *fetcher.Process
+	keep := -1
+	if m.C&1 != 0 { // fork child
+		p, err = rt.AttachForked(int(m.Pid), int(m.A))
+		if err == nil {
+			keep = p.UFFD()
+		}
+	} else if fd < 0 {
+		err = errors.New("hello without a userfaultfd")
+	} else {
+		p, err = rt.Attach(int(m.Pid), fd)
+	}
+	status := uint64(0)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "farmem: process %d: %v\n", m.Pid, err)
+		status = uint64(unix.EPROTO)
+	}
+	if c.send(msg{Type: msgHelloOK, A: status, B: rt.MinRegister}, keep) != nil || err != nil {
+		return
+	}
+	for {
+		m, _, err := c.recv()
+		if err != nil {
+			return
+		}
+		if m.Type != msgRegister {
+			continue
+		}
+		st := uint64(0)
+		if err := p.Register(m.A, m.B); err != nil {
+			var en unix.Errno
+			if errors.As(err, &en) {
+				st = uint64(en)
+			} else {
+				st = uint64(unix.EIO)
+			}
+		}
+		if c.send(msg{Type: msgRegisterOK, A: st}, -1) != nil {
+			return
+		}
+	}
+}
+
+var _ = strings.Join

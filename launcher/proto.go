@@ -1,0 +1,151 @@
+package launcher
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/evictor"
+)
+
+// Wire format shared with shim/shim.c (struct fm_msg, struct fm_run). Little-endian; one
+// message per SOCK_SEQPACKET datagram.
+const (
+	msgHello      = 1
+	msgHelloOK    = 2
+	msgRegister   = 3
+	msgRegisterOK = 4
+	msgAgentHello = 5
+	msgEvict      = 6
+	msgEvictDone  = 7
+
+	protoVersion = 1
+	msgSize      = 40
+	maxRuns      = 128
+)
+
+type msg struct {
+	Type, Version uint32
+	Pid, N        int32
+	A, B, C       uint64
+}
+
+func (m *msg) encode(b []byte) []byte {
+	b = b[:msgSize]
+	binary.LittleEndian.PutUint32(b[0:], m.Type)
+	binary.LittleEndian.PutUint32(b[4:], m.Version)
+	binary.LittleEndian.PutUint32(b[8:], uint32(m.Pid))
+	binary.LittleEndian.PutUint32(b[12:], uint32(m.N))
+	binary.LittleEndian.PutUint64(b[16:], m.A)
+	binary.LittleEndian.PutUint64(b[24:], m.B)
+	binary.LittleEndian.PutUint64(b[32:], m.C)
+	return b
+}
+
+func decode(b []byte) (msg, error) {
+	if len(b) < msgSize {
+		return msg{}, fmt.Errorf("short message (%d bytes)", len(b))
+	}
+	m := msg{
+		Type: binary.LittleEndian.Uint32(b[0:]), Version: binary.LittleEndian.Uint32(b[4:]),
+		Pid: int32(binary.LittleEndian.Uint32(b[8:])), N: int32(binary.LittleEndian.Uint32(b[12:])),
+		A: binary.LittleEndian.Uint64(b[16:]), B: binary.LittleEndian.Uint64(b[24:]), C: binary.LittleEndian.Uint64(b[32:]),
+	}
+	if m.Version != protoVersion {
+		return m, fmt.Errorf("shim speaks protocol %d, runtime %d (mixed farmem versions?)", m.Version, protoVersion)
+	}
+	return m, nil
+}
+
+// conn is one shim connection.
+type conn struct {
+	c   *net.UnixConn
+	buf [msgSize + maxRuns*16]byte
+	oob [64]byte
+}
+
+func (c *conn) recv() (msg, int, error) {
+	n, oobn, _, _, err := c.c.ReadMsgUnix(c.buf[:], c.oob[:])
+	if err != nil {
+		return msg{}, -1, err
+	}
+	if n == 0 {
+		return msg{}, -1, errors.New("connection closed")
+	}
+	fd := -1
+	if oobn > 0 {
+		cms, err := syscall.ParseSocketControlMessage(c.oob[:oobn])
+		if err == nil && len(cms) > 0 {
+			if fds, err := syscall.ParseUnixRights(&cms[0]); err == nil && len(fds) > 0 {
+				fd = fds[0]
+				for _, extra := range fds[1:] {
+					unix.Close(extra)
+				}
+			}
+		}
+	}
+	m, err := decode(c.buf[:n])
+	if err != nil && fd >= 0 {
+		unix.Close(fd)
+		fd = -1
+	}
+	return m, fd, err
+}
+
+func (c *conn) send(m msg, fd int) error {
+	m.Version = protoVersion
+	var b [msgSize]byte
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	_, _, err := c.c.WriteMsgUnix(m.encode(b[:]), oob, nil)
+	return err
+}
+
+// agentConn carries eviction requests to a process's agent thread; one request at a time.
+type agentConn struct {
+	mu sync.Mutex
+	c  *conn
+}
+
+// Drop implements fetcher.Agent.
+func (a *agentConn) Drop(runs []evictor.Run) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for len(runs) > 0 {
+		k := min(len(runs), maxRuns)
+		b := make([]byte, msgSize+16*k)
+		(&msg{Type: msgEvict, Version: protoVersion, N: int32(k)}).encode(b)
+		for i, r := range runs[:k] {
+			binary.LittleEndian.PutUint64(b[msgSize+16*i:], r.Addr)
+			binary.LittleEndian.PutUint64(b[msgSize+16*i+8:], r.Len)
+		}
+		if _, err := a.c.c.Write(b); err != nil {
+			return evictor.ErrGone
+		}
+		m, _, err := a.c.recv()
+		if err != nil {
+			return evictor.ErrGone
+		}
+		if m.Type != msgEvictDone {
+			return fmt.Errorf("agent answered message type %d", m.Type)
+		}
+		if m.A != 0 {
+			return fmt.Errorf("agent madvise(DONTNEED): %w", unix.Errno(m.A))
+		}
+		runs = runs[k:]
+	}
+	return nil
+}
+
+// Close implements fetcher.Agent.
+func (a *agentConn) Close() error { return a.c.c.Close() }
+
+var _ = os.Getpid

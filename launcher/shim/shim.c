@@ -1,0 +1,266 @@
+/* libfarmem.so: the LD_PRELOAD agent farmem puts inside the program.
+ *
+ * It does four things and nothing else (DESIGN.md section 2):
+ *   1. creates the program's userfaultfd and hands it to the runtime (SCM_RIGHTS) in a HELLO on
+ *      the control connection; it keeps its own copy so that, should the runtime die, a faulting
+ *      thread hangs (and is killed) instead of reading zeros;
+ *   2. asks the runtime to register each new anonymous private writable mapping it sees through
+ *      the interposed mmap, and waits for the answer so no page of it is touched unregistered;
+ *   3. runs an agent thread that executes the runtime's eviction requests: madvise(MADV_DONTNEED)
+ *      of page runs the runtime has already write-protected and copied out (the runtime cannot
+ *      drop another process's pages itself: process_madvise(DONTNEED) is EINVAL);
+ *   4. re-arms itself in a fork child: the inherited uffd points at the parent's mm, so it is
+ *      closed; the child's ranges belong to the uffd the kernel handed the runtime in the FORK
+ *      event, which the runtime sends back as the child's keep-alive copy.
+ *
+ * Everything runs on raw syscalls: mmap is called from inside allocators (jemalloc's init) before
+ * libc is fully usable. The wire format is shared with launcher/proto.go.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+enum {
+	MSG_HELLO = 1,        /* shim->rt: a=ppid b=features c=flags(1=fork child); uffd attached unless fork child */
+	MSG_HELLO_OK = 2,     /* rt->shim: a=status(0 ok, else errno) b=min mapping bytes to register */
+	MSG_REGISTER = 3,     /* shim->rt: a=addr b=len */
+	MSG_REGISTER_OK = 4,  /* rt->shim: a=status */
+	MSG_AGENT_HELLO = 5,  /* shim->rt on the agent connection: a=tid */
+	MSG_EVICT = 6,        /* rt->shim: n runs follow the header */
+	MSG_EVICT_DONE = 7,   /* shim->rt: a=first errno (0 if all ok) */
+	PROTO_VERSION = 1,
+	MAX_RUNS = 128,
+};
+struct fm_msg {
+	uint32_t type, version;
+	int32_t pid, n;
+	uint64_t a, b, c;
+};
+struct fm_run { uint64_t addr, len; };
+
+static long raw6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long ret;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+	return ret;
+}
+
+static void say(const char *s)
+{
+	raw6(SYS_write, 2, (long)"farmem shim: ", 13, 0, 0, 0);
+	raw6(SYS_write, 2, (long)s, strlen(s), 0, 0, 0);
+	raw6(SYS_write, 2, (long)"\n", 1, 0, 0, 0);
+}
+
+/* The runtime is gone: nobody can serve this program's evicted pages any more. Stop it rather
+ * than let it run on (DESIGN.md invariant 3). */
+static void die_runtime_lost(void)
+{
+	say("lost the farmem runtime; stopping the program (its evicted pages cannot be served)");
+	raw6(SYS_kill, raw6(SYS_getpid, 0, 0, 0, 0, 0, 0), SIGKILL, 0, 0, 0, 0);
+	for (;;) raw6(SYS_pause, 0, 0, 0, 0, 0, 0);
+}
+
+static int state; /* 0 = not yet initialised, 1 = active, -1 = disabled (no FARMEM_SOCK) */
+static int ctl = -1, ufd = -1;
+static uint64_t min_map = 1 << 20;
+static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
+static volatile int init_spin;
+
+static int connect_rt(void)
+{
+	const char *path = getenv("FARMEM_SOCK");
+	if (!path) return -1;
+	int s = raw6(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, 0, 0, 0);
+	if (s < 0) return -1;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t n = strlen(path);
+	if (n >= sizeof sa.sun_path) n = sizeof sa.sun_path - 1;
+	memcpy(sa.sun_path, path, n);
+	if (path[0] == '@') sa.sun_path[0] = 0; /* abstract namespace */
+	if (raw6(SYS_connect, s, (long)&sa, offsetof(struct sockaddr_un, sun_path) + n, 0, 0, 0) < 0) {
+		raw6(SYS_close, s, 0, 0, 0, 0, 0);
+		return -1;
+	}
+	return s;
+}
+
+static long send_msg(int s, const void *buf, size_t len, int fd)
+{
+	struct iovec iov = { (void *)buf, len };
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (fd >= 0) {
+		memset(cbuf, 0, sizeof cbuf);
+		mh.msg_control = cbuf, mh.msg_controllen = sizeof cbuf;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	long r;
+	do r = raw6(SYS_sendmsg, s, (long)&mh, MSG_NOSIGNAL, 0, 0, 0); while (r == -EINTR);
+	return r;
+}
+
+static long recv_msg(int s, void *buf, size_t len, int *fd)
+{
+	struct iovec iov = { buf, len };
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf };
+	long r;
+	do r = raw6(SYS_recvmsg, s, (long)&mh, MSG_CMSG_CLOEXEC, 0, 0, 0); while (r == -EINTR);
+	if (fd) {
+		*fd = -1;
+		struct cmsghdr *c = mh.msg_controllen ? CMSG_FIRSTHDR(&mh) : NULL;
+		if (r > 0 && c && c->cmsg_type == SCM_RIGHTS) memcpy(fd, CMSG_DATA(c), sizeof(int));
+	}
+	return r;
+}
+
+/* ---- agent thread: executes eviction requests */
+static int agent_sock = -1;
+static void *agent_main(void *arg)
+{
+	(void)arg;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL); /* the program's signal handlers must not run here */
+	static __thread char buf[sizeof(struct fm_msg) + MAX_RUNS * sizeof(struct fm_run)];
+	/* The runtime exempts this thread's own faults from cap throttling: eviction needs it. */
+	struct fm_msg h = { .type = MSG_AGENT_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
+			    .a = raw6(SYS_gettid, 0, 0, 0, 0, 0, 0) };
+	pthread_attr_t at;
+	void *stk;
+	size_t stksz;
+	if (pthread_getattr_np(pthread_self(), &at) == 0) {
+		if (pthread_attr_getstack(&at, &stk, &stksz) == 0) h.b = (uint64_t)stk, h.c = stksz;
+		pthread_attr_destroy(&at);
+	}
+	if (send_msg(agent_sock, &h, sizeof h, -1) < 0) die_runtime_lost();
+	for (;;) {
+		long n = recv_msg(agent_sock, buf, sizeof buf, NULL);
+		if (n <= 0) die_runtime_lost();
+		struct fm_msg *m = (struct fm_msg *)buf;
+		if (m->type != MSG_EVICT || n < (long)sizeof *m) continue;
+		struct fm_run *runs = (struct fm_run *)(buf + sizeof *m);
+		int err = 0;
+		for (int i = 0; i < m->n && i < MAX_RUNS; i++) {
+			long r = raw6(SYS_madvise, runs[i].addr, runs[i].len, MADV_DONTNEED, 0, 0, 0);
+			if (r < 0 && !err) err = -r;
+		}
+		struct fm_msg done = { .type = MSG_EVICT_DONE, .version = PROTO_VERSION, .n = m->n, .a = err };
+		if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+	}
+	return NULL;
+}
+
+static void start_agent(void)
+{
+	agent_sock = connect_rt();
+	if (agent_sock < 0) die_runtime_lost();
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setstacksize(&at, 64 << 10);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &at, agent_main, NULL)) die_runtime_lost();
+	pthread_attr_destroy(&at);
+}
+
+/* hello performs the handshake on a fresh control connection. fork_child: the runtime already has
+ * our uffd from the FORK event and sends back a keep-alive copy. */
+static int hello(int fork_child, uint64_t features)
+{
+	struct fm_msg h = { .type = MSG_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
+			    .a = raw6(SYS_getppid, 0, 0, 0, 0, 0, 0), .b = features, .c = fork_child };
+	if (send_msg(ctl, &h, sizeof h, fork_child ? -1 : ufd) < 0) return -1;
+	struct fm_msg r;
+	int fd = -1;
+	if (recv_msg(ctl, &r, sizeof r, &fd) != sizeof r || r.type != MSG_HELLO_OK) return -1;
+	if (r.a) return -1;
+	if (r.b) min_map = r.b;
+	if (fork_child) ufd = fd;
+	return 0;
+}
+
+static void init(void)
+{
+	while (__atomic_exchange_n(&init_spin, 1, __ATOMIC_ACQUIRE)) ;
+	if (state != 0) goto out;
+	state = -1;
+	if (!getenv("FARMEM_SOCK")) goto out;
+	ctl = connect_rt();
+	if (ctl < 0) { say("cannot reach the farmem runtime (FARMEM_SOCK)"); die_runtime_lost(); }
+	int dev = raw6(SYS_open, (long)"/dev/userfaultfd", O_RDWR | O_CLOEXEC, 0, 0, 0, 0);
+	int fd = dev >= 0 ? raw6(SYS_ioctl, dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0)
+			  : raw6(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0, 0, 0, 0);
+	if (dev >= 0) raw6(SYS_close, dev, 0, 0, 0, 0, 0);
+	if (fd < 0) { say("cannot create a userfaultfd (need root or access to /dev/userfaultfd)"); die_runtime_lost(); }
+	struct uffdio_api api = { .api = UFFD_API,
+		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
+			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
+	if (raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0) < 0) { say("UFFDIO_API refused the features farmem needs"); die_runtime_lost(); }
+	ufd = fd;
+	if (hello(0, api.features) < 0) { say("handshake with the farmem runtime failed"); die_runtime_lost(); }
+	start_agent();
+	state = 1;
+out:
+	__atomic_store_n(&init_spin, 0, __ATOMIC_RELEASE);
+}
+
+static void atfork_child(void)
+{
+	if (state != 1) return;
+	/* Our inherited ctl/agent sockets and uffd are the parent's; leave them to it. */
+	raw6(SYS_close, ctl, 0, 0, 0, 0, 0);
+	raw6(SYS_close, agent_sock, 0, 0, 0, 0, 0);
+	raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
+	pthread_mutex_init(&ctl_lock, NULL);
+	ctl = connect_rt();
+	if (ctl < 0 || hello(1, 0) < 0) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
+	start_agent();
+}
+
+__attribute__((constructor)) static void ctor(void)
+{
+	if (state == 0) init();
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
+static void register_range(uint64_t addr, uint64_t len)
+{
+	struct fm_msg m = { .type = MSG_REGISTER, .version = PROTO_VERSION, .a = addr, .b = len };
+	pthread_mutex_lock(&ctl_lock);
+	long r = send_msg(ctl, &m, sizeof m, -1);
+	if (r >= 0) r = recv_msg(ctl, &m, sizeof m, NULL);
+	pthread_mutex_unlock(&ctl_lock);
+	if (r <= 0) die_runtime_lost();
+}
+
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (state == 0) init();
+	long r = raw6(SYS_mmap, (long)addr, len, prot, flags, fd, off);
+	if (r < 0 && r > -4096) { errno = -r; return MAP_FAILED; }
+	if (state == 1 && (flags & MAP_ANONYMOUS) && (flags & (MAP_PRIVATE | MAP_SHARED)) == MAP_PRIVATE &&
+	    (prot & PROT_WRITE) && len >= min_map && !(flags & MAP_STACK))
+		register_range((uint64_t)r, (len + 4095) & ~4095UL);
+	return (void *)r;
+}
+void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) __attribute__((alias("mmap")));

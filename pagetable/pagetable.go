@@ -1,0 +1,263 @@
+// Package pagetable is farmem's record of every registered page of one process: where its
+// content is (in the program, or in a backend slot) and whether the stored copy is current.
+//
+// Lock order: PageTable.mu, then Slots.mu. No lock here is held across a wait on the program
+// (an agent reply, a fault): the fault thread must always be free to read uffd events.
+//
+// States of a page (no entry = never touched, or discarded by the program: reads as zeros):
+//
+//	Resident  present in the program. Dirty: written since its slot was stored (or no slot).
+//	          !Dirty implies Slot != 0 and the page is write-protected, so the first write
+//	          arrives as a WP fault before it can change the page.
+//	Evicting  write-protected and being copied out by the evictor; present in the program.
+//	Evicted   absent from the program (or about to be: Zapping); content is Slot (0 = zeros).
+//	          InFlight: our own agent's DONTNEED of this page has not yet been seen as a REMOVE
+//	          event, so the next REMOVE covering it is ours, not the program's discard.
+//	          Zapping: the agent's madvise has not yet returned; the page may still be present.
+package pagetable
+
+import (
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/farmem/farmem/backend"
+)
+
+// State is where a page's content is.
+type State uint8
+
+const (
+	Resident State = iota + 1
+	Evicting
+	Evicted
+)
+
+// Entry is one page's record.
+type Entry struct {
+	State    State
+	Dirty    bool
+	InFlight bool
+	Zapping  bool
+	Seq      uint32 // bumped on each install; victim-queue items with an older Seq are stale
+	Slot     backend.Slot
+}
+
+type victim struct {
+	page uint64
+	seq  uint32
+}
+
+// PageTable maps page addresses of one process to entries. All methods but Lock/Unlock need
+// mu held by the caller.
+type PageTable struct {
+	mu       sync.Mutex
+	pages    map[uint64]*Entry // protected by mu
+	fifo     []victim          // protected by mu; resident pages in install order (FIFO eviction)
+	head     int               // protected by mu; fifo[:head] already consumed
+	resident *atomic.Int64     // pages in Resident or Evicting, summed over every process of a run
+	mine     int               // protected by mu; this table's share of *resident
+	slots    *Slots
+	pinLo    uint64 // protected by mu; [pinLo, pinHi) is never a victim
+	pinHi    uint64
+}
+
+// New returns an empty table that counts its resident pages into resident and frees slots
+// through slots.
+func New(resident *atomic.Int64, slots *Slots) *PageTable {
+	return &PageTable{pages: make(map[uint64]*Entry), resident: resident, slots: slots}
+}
+
+func (t *PageTable) Lock()   { t.mu.Lock() }
+func (t *PageTable) Unlock() { t.mu.Unlock() }
+
+// Get returns the entry of page, or nil.
+func (t *PageTable) Get(page uint64) *Entry { return t.pages[page] }
+
+// Resident returns this table's resident page count.
+func (t *PageTable) Resident() int { return t.mine }
+
+// Len returns the number of entries.
+func (t *PageTable) Len() int { return len(t.pages) }
+
+func (t *PageTable) addResident(n int) { t.mine += n; t.resident.Add(int64(n)) }
+
+// Install records page as present in the program: dirty with no slot (zero-fill, adoption),
+// or clean with slot (fetched and installed write-protected). It takes over the entry's slot
+// reference when slot equals it; any other old slot is released.
+func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) {
+	e := t.pages[page]
+	if e == nil {
+		e = &Entry{}
+		t.pages[page] = e
+	}
+	if e.State != Resident && e.State != Evicting {
+		t.addResident(1)
+	}
+	if e.Slot != 0 && e.Slot != slot {
+		t.slots.Release(e.Slot)
+	}
+	*e = Entry{State: Resident, Dirty: dirty, Slot: slot, Seq: e.Seq + 1}
+	t.fifo = append(t.fifo, victim{page, e.Seq})
+}
+
+// Discard forgets page: the program dropped it (REMOVE/UNMAP) and it reads as zeros again.
+func (t *PageTable) Discard(page uint64) {
+	e := t.pages[page]
+	if e == nil {
+		return
+	}
+	if e.State == Resident || e.State == Evicting {
+		t.addResident(-1)
+	}
+	if e.Slot != 0 {
+		t.slots.Release(e.Slot)
+	}
+	delete(t.pages, page)
+}
+
+// MarkEvicted records that page's content now lives in slot (the entry's old slot, if
+// different, is released) and that our agent is about to drop it from the program.
+func (t *PageTable) MarkEvicted(e *Entry, slot backend.Slot) {
+	if e.State == Resident || e.State == Evicting {
+		t.addResident(-1)
+	}
+	if e.Slot != 0 && e.Slot != slot {
+		t.slots.Release(e.Slot)
+	}
+	e.State, e.Slot, e.Dirty, e.InFlight, e.Zapping = Evicted, slot, false, true, true
+}
+
+// Move re-keys the entries of [from, from+length) at to (mremap).
+func (t *PageTable) Move(from, to, length uint64) {
+	moved := make(map[uint64]*Entry)
+	for p := range t.pages {
+		if p >= from && p < from+length {
+			moved[p-from+to] = t.pages[p]
+			delete(t.pages, p)
+		}
+	}
+	for p, e := range moved {
+		t.pages[p] = e
+		if e.State == Resident {
+			e.Seq++
+			t.fifo = append(t.fifo, victim{p, e.Seq})
+		}
+	}
+}
+
+// DiscardRange discards every page in [start, end).
+func (t *PageTable) DiscardRange(start, end uint64) {
+	if (end-start)/backend.PageSize > uint64(len(t.pages)) {
+		for p := range t.pages {
+			if p >= start && p < end {
+				t.Discard(p)
+			}
+		}
+		return
+	}
+	for p := start; p < end; p += backend.PageSize {
+		t.Discard(p)
+	}
+}
+
+// Victims pops up to n resident pages in install order (first in, first out) and returns them
+// sorted by address, so the caller can evict contiguous runs. FIFO is the policy because the
+// kernel gives us no access bits for another process's pages cheaply; a page that comes back
+// re-enters at the tail, which makes re-faulted (hot) pages the last to go again.
+func (t *PageTable) Victims(n int, out []uint64) []uint64 {
+	out = out[:0]
+	for t.head < len(t.fifo) && len(out) < n {
+		v := t.fifo[t.head]
+		t.head++
+		if v.page >= t.pinLo && v.page < t.pinHi {
+			continue
+		}
+		if e := t.pages[v.page]; e != nil && e.State == Resident && e.Seq == v.seq {
+			out = append(out, v.page)
+		}
+	}
+	if t.head > 4096 && t.head*2 > len(t.fifo) {
+		t.fifo = append(t.fifo[:0], t.fifo[t.head:]...)
+		t.head = 0
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// Requeue puts pages that were chosen but not evicted back at the tail.
+func (t *PageTable) Requeue(page uint64) {
+	if e := t.pages[page]; e != nil && e.State == Resident {
+		t.fifo = append(t.fifo, victim{page, e.Seq})
+	}
+}
+
+// CloneFor returns the table of a child forked from this one. Pages the parent holds in a
+// slot are shared with the child copy-on-write: one more reference each. Pages present in the
+// parent are present in the child too (the kernel copied them), still write-protected if they
+// were, so a clean parent page is a clean child page.
+func (t *PageTable) CloneFor() *PageTable {
+	c := New(t.resident, t.slots)
+	c.pinLo, c.pinHi = t.pinLo, t.pinHi
+	for p, e := range t.pages {
+		ce := &Entry{State: e.State, Dirty: e.Dirty, Slot: e.Slot}
+		switch e.State {
+		case Evicting:
+			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's
+			if ce.Slot != 0 {
+				ce.Dirty = true
+			}
+		case Evicted:
+			// InFlight/Zapping belong to the parent's eviction; in the child the page may be
+			// present (fork copied it before the zap): a WP fault then tells us (see fetcher).
+		}
+		if ce.Slot != 0 {
+			t.slots.Retain(ce.Slot)
+		}
+		c.pages[p] = ce
+		if ce.State == Resident {
+			c.addResident(1)
+			c.fifo = append(c.fifo, victim{p, 0})
+		}
+	}
+	return c
+}
+
+// Clear releases every slot and resident count (the process has exited).
+func (t *PageTable) Clear() {
+	for p := range t.pages {
+		t.Discard(p)
+	}
+	t.fifo, t.head = nil, 0
+}
+
+// Removed applies a REMOVE event for [start, end): an Evicted page whose agent DONTNEED is in
+// flight consumes it (it is our own eviction); every other page was discarded by the program.
+// If the program discards a page while we evict it, the page sees two REMOVEs, and whichever
+// comes second discards it: either order ends in "reads as zeros", which is what it asked for.
+func (t *PageTable) Removed(start, end uint64) {
+	visit := func(p uint64, e *Entry) {
+		if e.State == Evicted && e.InFlight {
+			e.InFlight = false
+		} else {
+			t.Discard(p)
+		}
+	}
+	if (end-start)/backend.PageSize > uint64(len(t.pages)) {
+		for p, e := range t.pages {
+			if p >= start && p < end {
+				visit(p, e)
+			}
+		}
+		return
+	}
+	for p := start; p < end; p += backend.PageSize {
+		if e := t.pages[p]; e != nil {
+			visit(p, e)
+		}
+	}
+}
+
+// Pin excludes [lo, hi) from eviction: the agent thread's stack, which must never fault while
+// the agent executes an eviction.
+func (t *PageTable) Pin(lo, hi uint64) { t.pinLo, t.pinHi = lo, hi }
