@@ -295,4 +295,3 @@ func isZero(b []byte) bool {
 	}
 	return true
 }
-

@@ -33,10 +33,10 @@ type Runtime struct {
 	MinRegister uint64
 
 	mu       sync.Mutex
-	procs    map[*Process]bool      // protected by mu
-	byPid    map[int]*Process       // protected by mu
+	procs    map[*Process]bool       // protected by mu
+	byPid    map[int]*Process        // protected by mu
 	forks    map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent, in fork order
-	failure  error                  // protected by mu; first unrecoverable error
+	failure  error                   // protected by mu; first unrecoverable error
 	stop     chan struct{}
 	finished sync.WaitGroup
 }

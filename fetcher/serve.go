@@ -41,11 +41,13 @@ func (p *Process) serve() {
 	page := make([]byte, ps)
 	pfd := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}, {Fd: int32(p.stop), Events: unix.POLLIN}}
 	for {
-		timeout := -1
+		var timeout *unix.Timespec // block until a message arrives
 		if len(pending) > 0 {
-			timeout = 1
+			// Faults wait for an event to be read or for the evictor to make room; both
+			// take microseconds, so look again soon rather than after poll's 1 ms minimum.
+			timeout = &unix.Timespec{Nsec: 50_000}
 		}
-		if _, err := unix.Poll(pfd, timeout); err != nil && err != unix.EINTR {
+		if _, err := unix.Ppoll(pfd, timeout, nil); err != nil && err != unix.EINTR {
 			p.Fail(fmt.Errorf("poll uffd: %w", err))
 			return
 		}
@@ -83,6 +85,9 @@ func (p *Process) handle(m *uffd.Msg, buf []byte) outcome {
 	case uffd.EventPagefault:
 		flags, addr, tid := m.Pagefault()
 		pg := addr &^ (ps - 1)
+		if p.rt.Resident.Load() > p.rt.Evictor.High {
+			p.rt.kickEvictor() // start before the cap is reached, so faults rarely wait
+		}
 		if flags&uffd.PagefaultWP != 0 {
 			return p.wpFault(pg)
 		}

@@ -72,10 +72,14 @@ func runCommand() *cli.Command {
 			"SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to it. If farmem cannot serve a page (it\n" +
 			"crashed, the backend lost it), the program is stopped: it never reads zeros in its place.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB)", Required: true},
+			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 		},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
+			if !c.IsSet("local-mem") {
+				return usagef("--local-mem SIZE is required: how much local memory the program may use")
+			}
 			capBytes, err := parseSize(c.String("local-mem"))
 			if err != nil {
 				return usagef("--local-mem: %v", err)

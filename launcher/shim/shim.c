@@ -218,7 +218,9 @@ static void init(void)
 	if (raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0) < 0) { say("UFFDIO_API refused the features farmem needs"); die_runtime_lost(); }
 	ufd = fd;
 	if (hello(0, api.features) < 0) { say("handshake with the farmem runtime failed"); die_runtime_lost(); }
-	start_agent();
+	/* The agent thread is started from the constructor, not here: init may run inside the
+	 * allocator's own first mmap (jemalloc), where pthread_create's allocation would deadlock
+	 * on the allocator's init lock. */
 	state = 1;
 out:
 	__atomic_store_n(&init_spin, 0, __ATOMIC_RELEASE);
@@ -240,6 +242,7 @@ static void atfork_child(void)
 __attribute__((constructor)) static void ctor(void)
 {
 	if (state == 0) init();
+	if (state == 1) start_agent();
 	pthread_atfork(NULL, NULL, atfork_child);
 }
 

@@ -1,0 +1,437 @@
+package main
+
+// End-to-end tests of `farmem run` on real programs. They need root (userfaultfd, /proc of
+// other processes) and the binaries `make build` produces; `make test` runs them.
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binDir = func() string { d, _ := filepath.Abs("../../bin"); return d }()
+
+func farmemBin(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(binDir, "farmem")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("%s missing: run `make build` first (make test does)", p)
+	}
+	return p
+}
+
+func need(t *testing.T, prog string) string {
+	t.Helper()
+	p, err := exec.LookPath(prog)
+	if err != nil {
+		t.Fatalf("%s is not installed (.ci/run installs it): %v", prog, err)
+	}
+	return p
+}
+
+// rssSampler samples RssAnon of every descendant of the farmem process.
+type rssSampler struct {
+	mu   sync.Mutex
+	peak map[int]int64 // pid -> peak RssAnon bytes
+	stop chan struct{}
+	done chan struct{}
+}
+
+func sampleRSS(root int) *rssSampler {
+	s := &rssSampler{peak: map[int]int64{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			for _, pid := range descendants(root) {
+				if v := rssAnon(pid); v > 0 {
+					s.mu.Lock()
+					s.peak[pid] = max(s.peak[pid], v)
+					s.mu.Unlock()
+				}
+			}
+		}
+	}()
+	return s
+}
+
+func (s *rssSampler) finish() map[int]int64 { close(s.stop); <-s.done; return s.peak }
+
+func descendants(root int) []int {
+	var out []int
+	var walk func(int)
+	walk = func(pid int) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		for _, f := range strings.Fields(string(b)) {
+			c, _ := strconv.Atoi(f)
+			out = append(out, c)
+			walk(c)
+		}
+	}
+	walk(root)
+	return out
+}
+
+func rssAnon(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "RssAnon:") {
+			kb, _ := strconv.ParseInt(strings.Fields(l)[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// capSlack is what a program's RssAnon may exceed the cap by: memory farmem does not manage
+// (thread stacks, mappings under 64 KiB, the shim's agent) plus the pages faulted in while an
+// eviction batch is in flight.
+const capSlack = 8 << 20
+
+func checkCap(t *testing.T, peaks map[int]int64, capBytes int64) {
+	t.Helper()
+	if len(peaks) == 0 {
+		t.Fatalf("no RssAnon samples were taken")
+	}
+	for pid, v := range peaks {
+		t.Logf("pid %d peak RssAnon %d KiB (cap %d KiB)", pid, v>>10, capBytes>>10)
+		if v > capBytes+capSlack {
+			t.Errorf("pid %d: peak RssAnon %d KiB exceeds the cap %d KiB by more than %d KiB", pid, v>>10, capBytes>>10, capSlack>>10)
+		}
+	}
+}
+
+// Test 1 and 4: the integrity torture at ~10% of its footprint; every unit verified, and the
+// cap measured from the kernel.
+func TestTortureUnderCap(t *testing.T) {
+	const capMiB = 16
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
+		filepath.Join(binDir, "torture"), "--mib", "160", "--rounds", "5", "--quiet")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := sampleRSS(cmd.Process.Pid)
+	err := cmd.Wait()
+	peaks := s.finish()
+	t.Logf("%s", out.String())
+	if err != nil {
+		t.Fatalf("torture under farmem failed: %v", err)
+	}
+	if !strings.Contains(out.String(), "torture: OK") || !strings.Contains(out.String(), "bad=0") {
+		t.Fatalf("torture did not report OK")
+	}
+	if !regexpMatch(`backend [1-9]`, out.String()) {
+		t.Fatalf("no page came back from the backend: the cap did not force eviction")
+	}
+	checkCap(t, peaks, capMiB<<20)
+}
+
+func regexpMatch(pat, s string) bool {
+	return mustCompile(pat).MatchString(s)
+}
+
+// Test 2: redis-server with its heap mostly evicted keeps its data through a full read pass,
+// a fork (BGSAVE) and a reload from that fork's dump.
+func TestRedisDigest(t *testing.T) {
+	need(t, "redis-server")
+	dir := t.TempDir()
+	port := freePort(t)
+	const capMiB = 24
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
+		"redis-server", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no",
+		"--enable-debug-command", "yes", "--dir", dir, "--bind", "127.0.0.1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	r := dialRedis(t, port)
+	s := sampleRSS(cmd.Process.Pid)
+	r.must(t, "DEBUG", "POPULATE", "300000", "key", "200")
+	d0 := r.must(t, "DEBUG", "DIGEST")
+	// A full read pass: every value comes back through the fault path.
+	var sum int
+	for i := 0; i < 300000; i += 1000 {
+		args := []string{"MGET"}
+		for k := i; k < i+1000; k++ {
+			args = append(args, fmt.Sprintf("key:%d", k))
+		}
+		v := r.must(t, args...)
+		sum += len(v)
+	}
+	d1 := r.must(t, "DEBUG", "DIGEST")
+	r.must(t, "BGSAVE")
+	for i := 0; ; i++ {
+		info := r.must(t, "INFO", "persistence")
+		if strings.Contains(info, "rdb_bgsave_in_progress:0") {
+			if !strings.Contains(info, "rdb_last_bgsave_status:ok") {
+				t.Fatalf("BGSAVE failed: %s", info)
+			}
+			break
+		}
+		if i > 1200 {
+			t.Fatalf("BGSAVE did not finish")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	d2 := r.must(t, "DEBUG", "DIGEST")
+	r.must(t, "DEBUG", "RELOAD")
+	d3 := r.must(t, "DEBUG", "DIGEST")
+	mem := r.must(t, "INFO", "memory")
+	peaks := s.finish()
+	r.send("SHUTDOWN", "NOSAVE")
+	cmd.Wait()
+	t.Logf("digests %s %s %s %s; read %d bytes; farmem: %s", d0, d1, d2, d3, sum, lastLine(out.String()))
+	if d0 == "" || strings.Trim(d0, "0") == "" || d0 != d1 || d1 != d2 || d2 != d3 {
+		t.Fatalf("DEBUG DIGEST changed: populate %s, after read pass %s, after BGSAVE %s, after RELOAD %s", d0, d1, d2, d3)
+	}
+	rss := fieldInt(mem, "used_memory_rss")
+	if rss < 3*capMiB<<20 {
+		t.Fatalf("redis used_memory_rss %d is not well above the cap: the test does not page", rss)
+	}
+	checkCap(t, peaks, capMiB<<20)
+}
+
+// Test 3: memcached grows through glibc malloc's internal mmap/brk, which the shim cannot see;
+// the rescan must find and page it.
+func TestMemcachedValues(t *testing.T) {
+	need(t, "memcached")
+	port := freePort(t)
+	const capMiB = 24
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
+		"memcached", "-p", strconv.Itoa(port), "-U", "0", "-l", "127.0.0.1", "-m", "1024", "-u", "root", "-t", "2")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	s := sampleRSS(cmd.Process.Pid)
+	c := dialRetry(t, port)
+	defer c.Close()
+	rw := bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c))
+	const n = 100000
+	val := func(i int) string { return strings.Repeat(fmt.Sprintf("%08x", i*2654435761), 128) } // 1 KiB
+	for i := 0; i < n; i++ {
+		v := val(i)
+		fmt.Fprintf(rw, "set k%d 0 0 %d noreply\r\n%s\r\n", i, len(v), v)
+		if i%500 == 499 {
+			rw.Flush()
+		}
+	}
+	rw.Flush()
+	bad := 0
+	for i := 0; i < n; i += 100 {
+		fmt.Fprintf(rw, "get")
+		for k := i; k < i+100; k++ {
+			fmt.Fprintf(rw, " k%d", k)
+		}
+		fmt.Fprintf(rw, "\r\n")
+		rw.Flush()
+		for k := i; ; k++ {
+			line, err := rw.ReadString('\n')
+			if err != nil {
+				t.Fatalf("memcached read: %v", err)
+			}
+			if line == "END\r\n" {
+				if k != i+100 {
+					bad += i + 100 - k
+				}
+				break
+			}
+			var key string
+			var flags, size int
+			fmt.Sscanf(line, "VALUE %s %d %d", &key, &flags, &size)
+			buf := make([]byte, size+2)
+			if _, err := ioReadFull(rw, buf); err != nil {
+				t.Fatal(err)
+			}
+			idx, _ := strconv.Atoi(strings.TrimPrefix(key, "k"))
+			if string(buf[:size]) != val(idx) {
+				bad++
+				if bad < 5 {
+					t.Errorf("key %s: wrong value", key)
+				}
+			}
+		}
+	}
+	peaks := s.finish()
+	var rss int64
+	for _, v := range peaks {
+		rss = max(rss, v)
+	}
+	fmt.Fprintf(rw, "shutdown\r\n")
+	rw.Flush()
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	t.Logf("farmem: %s", lastLine(out.String()))
+	if bad != 0 {
+		t.Fatalf("%d of %d values missing or wrong", bad, n)
+	}
+	if !regexpMatch(`backend [1-9]`, out.String()) {
+		t.Fatalf("memcached was never paged (rescan did not register glibc's heap?): %s", out.String())
+	}
+	checkCap(t, peaks, capMiB<<20)
+}
+
+// Test 5: if the runtime dies, the program dies too; it never runs on zeros.
+func TestRuntimeDeathStopsProgram(t *testing.T) {
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--",
+		filepath.Join(binDir, "torture"), "--mib", "128", "--rounds", "1000", "--quiet")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	for i := 0; i < 200 && child == 0; i++ {
+		time.Sleep(20 * time.Millisecond)
+		if d := descendants(cmd.Process.Pid); len(d) > 0 {
+			child = d[0]
+		}
+	}
+	if child == 0 {
+		t.Fatal("torture never started")
+	}
+	time.Sleep(1500 * time.Millisecond) // well into paging
+	cmd.Process.Kill()
+	cmd.Wait()
+	for i := 0; i < 100; i++ {
+		if err := syscall.Kill(child, 0); err == syscall.ESRCH {
+			return
+		}
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child)); strings.Contains(string(b), ") Z ") {
+			return // dead, waiting to be reaped by init
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	syscall.Kill(child, syscall.SIGKILL)
+	t.Fatalf("program %d still running 5 s after farmem was killed", child)
+}
+
+// Test 6: bad input gets one line naming the problem, exit status 2, and nothing runs.
+func TestBadInput(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	script := filepath.Join(dir, "noexec.sh")
+	os.WriteFile(script, []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o644)
+	static := filepath.Join(dir, "static")
+	src := filepath.Join(dir, "static.c")
+	os.WriteFile(src, []byte("int main(void){return 0;}\n"), 0o644)
+	if out, err := exec.Command("gcc", "-static", "-o", static, src).CombinedOutput(); err != nil {
+		t.Fatalf("building a static program: %v\n%s", err, out)
+	}
+	touch := []string{"/bin/sh", "-c", "touch " + marker}
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", append([]string{"run", "--local-mem", "64MiB", "--bogus", "--"}, touch...), "flag provided but not defined: -bogus"},
+		{"no program", []string{"run", "--local-mem", "64MiB"}, "no program given"},
+		{"no cap", append([]string{"run", "--"}, touch...), "--local-mem SIZE is required"},
+		{"bad unit", append([]string{"run", "--local-mem", "12XB", "--"}, touch...), `cannot parse size "12XB"`},
+		{"negative", append([]string{"run", "--local-mem", "-5MiB", "--"}, touch...), `must be positive`},
+		{"below minimum", append([]string{"run", "--local-mem", "1MiB", "--"}, touch...), "below the minimum of 16MiB"},
+		{"not found", []string{"run", "--local-mem", "64MiB", "--", "no-such-program-farmem"}, `"no-such-program-farmem" not found`},
+		{"not executable", []string{"run", "--local-mem", "64MiB", "--", script}, "cannot be run"},
+		{"static", []string{"run", "--local-mem", "64MiB", "--", static}, "statically linked"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command(farmemBin(t), c.args...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			code := -1
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			}
+			if code != 2 {
+				t.Errorf("exit status %d, want 2 (stderr %q)", code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), c.want) {
+				t.Errorf("stderr %q does not say %q", stderr.String(), c.want)
+			}
+			if n := strings.Count(strings.TrimSpace(stderr.String()), "\n"); n != 0 {
+				t.Errorf("want one line, got %d:\n%s", n+1, stderr.String())
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Errorf("the program ran")
+			}
+		})
+	}
+}
+
+// The program's exit status is farmem's.
+func TestExitStatus(t *testing.T) {
+	for _, c := range []struct {
+		sh   string
+		want int
+	}{{"exit 0", 0}, {"exit 7", 7}, {"kill -TERM $$", 128 + 15}} {
+		err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "32MiB", "--", "/bin/sh", "-c", c.sh).Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.want {
+			t.Errorf("sh -c %q: farmem exited %d, want %d", c.sh, code, c.want)
+		}
+	}
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	return s[strings.LastIndex(s, "\n")+1:]
+}
+
+func fieldInt(info, key string) int64 {
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), key+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func dialRetry(t *testing.T, port int) net.Conn {
+	for i := 0; i < 300; i++ {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			return c
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("server on port %d never came up", port)
+	return nil
+}
