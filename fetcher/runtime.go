@@ -222,6 +222,17 @@ func (rt *Runtime) retireLater(c *Process) {
 	}()
 }
 
+// Pids returns the pids of the processes served.
+func (rt *Runtime) Pids() []int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	out := make([]int, 0, len(rt.byPid))
+	for pid := range rt.byPid {
+		out = append(out, pid)
+	}
+	return out
+}
+
 // Live returns the number of processes still served.
 func (rt *Runtime) Live() int {
 	rt.mu.Lock()

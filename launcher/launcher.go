@@ -15,7 +15,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"syscall"
 	"time"
 
@@ -104,7 +103,7 @@ wait:
 	for rt.Live() > 0 {
 		select {
 		case s := <-sigs:
-			_ = s
+			signalAll(rt, s)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -218,4 +217,11 @@ func handleConn(c *conn, rt *fetcher.Runtime) {
 	}
 }
 
-var _ = strings.Join
+// signalAll forwards a signal to every process still served once the program itself exited.
+func signalAll(rt *fetcher.Runtime, s os.Signal) {
+	for _, pid := range rt.Pids() {
+		if sig, ok := s.(syscall.Signal); ok {
+			syscall.Kill(pid, sig)
+		}
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 
@@ -147,5 +146,3 @@ func (a *agentConn) Drop(runs []evictor.Run) error {
 
 // Close implements fetcher.Agent.
 func (a *agentConn) Close() error { return a.c.c.Close() }
-
-var _ = os.Getpid
