@@ -1,0 +1,43 @@
+package backend
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func TestMemoryStoreLoadFreeReuse(t *testing.T) {
+	m := NewMemory()
+	src := make([]byte, 3*PageSize)
+	for i := range src {
+		src[i] = byte(i / PageSize * 7)
+	}
+	slots := make([]Slot, 3)
+	if err := m.Store(src, slots); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, PageSize)
+	for i, s := range slots {
+		if err := m.Load(s, dst); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(dst, src[i*PageSize:(i+1)*PageSize]) {
+			t.Fatalf("slot %d: page %d came back different", s, i)
+		}
+	}
+	m.Free(slots[1])
+	if err := m.Load(slots[1], dst); !errors.Is(err, ErrUnknownSlot) {
+		t.Fatalf("load of a freed slot: %v, want ErrUnknownSlot (never zeros)", err)
+	}
+	again := make([]Slot, 1)
+	m.Store(src[:PageSize], again)
+	if again[0] != slots[1] {
+		t.Fatalf("freed slot %d not reused (got %d)", slots[1], again[0])
+	}
+	if m.Stored() != 3 {
+		t.Fatalf("stored %d, want 3", m.Stored())
+	}
+	if err := m.Store(src[:100], again); err == nil {
+		t.Fatal("a partial page was accepted")
+	}
+}
