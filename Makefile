@@ -4,7 +4,7 @@ GO      ?= go
 CC      ?= gcc
 SHIM    := launcher/shim/libfarmem.so
 
-.PHONY: build test shim workloads clean
+.PHONY: build test shim workloads clean bench bench-smoke
 build: shim workloads
 	$(GO) build -o bin/farmem ./cmd/farmem
 
@@ -23,3 +23,10 @@ test: build
 
 clean:
 	rm -rf bin $(SHIM)
+
+# Benchmarks write to results/; not part of the tests. bench-smoke is the short CI-sized run.
+bench: build
+	workloads/bench/redis.sh 300000 100000
+
+bench-smoke: build
+	OUT=/tmp/farmem-bench-smoke.md workloads/bench/redis.sh 60000 5000
