@@ -149,7 +149,8 @@ func retryEAGAIN(f func() error) error {
 	}
 }
 
-var errGone = errors.New("process gone")
+// ErrGone is what Target.Drop returns when the process exited meanwhile.
+var ErrGone = errors.New("process gone")
 
 func (e *Evictor) evictBatch(t Target, want int) error {
 	tb := t.Table()
@@ -259,7 +260,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	dropRuns := runs(drop, nil)
 	if len(dropRuns) > 0 {
 		if err := t.Drop(dropRuns); err != nil {
-			if errors.Is(err, errGone) {
+			if errors.Is(err, ErrGone) {
 				return nil
 			}
 			return fmt.Errorf("evict: agent drop: %w", err)
@@ -282,9 +283,6 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	e.Stats.Batches.Add(1)
 	return nil
 }
-
-// ErrGone is what Target.Drop returns when the process exited meanwhile.
-var ErrGone = errGone
 
 func isZero(b []byte) bool {
 	w := unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)

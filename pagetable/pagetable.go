@@ -204,9 +204,6 @@ func (t *PageTable) CloneFor() *PageTable {
 		switch e.State {
 		case Evicting:
 			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's
-			if ce.Slot != 0 {
-				ce.Dirty = true
-			}
 		case Evicted:
 			// InFlight/Zapping belong to the parent's eviction; in the child the page may be
 			// present (fork copied it before the zap): a WP fault then tells us (see fetcher).
