@@ -60,10 +60,9 @@ type Evictor struct {
 	Stats     Stats
 	Kick      chan struct{} // a fault thread signals pressure; capacity 1
 
-	buf      []byte
-	victims  []uint64
-	slots    []backend.Slot
-	progress atomic.Int64 // bumped after each batch; fault threads waiting for room watch it
+	buf     []byte
+	victims []uint64
+	slots   []backend.Slot
 }
 
 // New sizes the watermarks for a cap: headroom of 1/16 of the cap (64..4096 pages) so that a
@@ -77,9 +76,6 @@ func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func
 		buf: make([]byte, BatchPages*uffd.PageSize), slots: make([]backend.Slot, BatchPages),
 	}
 }
-
-// Progress returns a counter bumped after every batch.
-func (e *Evictor) Progress() int64 { return e.progress.Load() }
 
 // Loop evicts until stop is closed.
 func (e *Evictor) Loop(stop <-chan struct{}) {
@@ -101,7 +97,6 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 			if err := e.evictBatch(t, want); err != nil {
 				t.Fail(err)
 			}
-			e.progress.Add(1)
 		}
 	}
 }

@@ -9,7 +9,7 @@
 package fetcher
 
 import (
-	"errors"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"sync"
@@ -149,9 +149,7 @@ func (p *Process) adopt(start, length uint64) error {
 		}
 		p.table.Lock()
 		for i := uint64(0); i < k; i++ {
-			e := uint64(buf[8*i]) | uint64(buf[8*i+1])<<8 | uint64(buf[8*i+2])<<16 | uint64(buf[8*i+3])<<24 |
-				uint64(buf[8*i+4])<<32 | uint64(buf[8*i+5])<<40 | uint64(buf[8*i+6])<<48 | uint64(buf[8*i+7])<<56
-			if e>>63 == 0 {
+			if binary.LittleEndian.Uint64(buf[8*i:])>>63 == 0 { // bit 63: present
 				continue
 			}
 			page := start + (off+i)*uffd.PageSize
@@ -182,5 +180,3 @@ func (p *Process) Stop() {
 	unix.Write(p.stop, one[:])
 	<-p.done
 }
-
-var errStopped = errors.New("stopped")
