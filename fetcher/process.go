@@ -135,30 +135,39 @@ func (p *Process) adopt(start, length uint64) error {
 	if pid == 0 {
 		return nil
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	n := length / uffd.PageSize
-	buf := make([]byte, 8*min(n, 8192))
+	buf := make([]uint64, min(n, 8192))
 	for off := uint64(0); off < n; {
-		k := min(n-off, uint64(len(buf)/8))
-		if _, err := f.ReadAt(buf[:8*k], int64((start/uffd.PageSize+off)*8)); err != nil {
+		k := min(n-off, uint64(len(buf)))
+		if err := readPagemap(pid, start+off*uffd.PageSize, buf[:k]); err != nil {
 			return err
 		}
 		p.table.Lock()
-		for i := uint64(0); i < k; i++ {
-			if binary.LittleEndian.Uint64(buf[8*i:])>>63 == 0 { // bit 63: present
-				continue
-			}
-			page := start + (off+i)*uffd.PageSize
-			if p.table.Get(page) == nil {
+		for i, e := range buf[:k] {
+			page := start + (off+uint64(i))*uffd.PageSize
+			if e>>63 != 0 && p.table.Get(page) == nil { // bit 63: present
 				p.table.Install(page, true, 0)
 			}
 		}
 		p.table.Unlock()
 		off += k
+	}
+	return nil
+}
+
+// readPagemap reads the /proc/PID/pagemap entries of len(out) pages from start.
+func readPagemap(pid int, start uint64, out []uint64) error {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	b := make([]byte, 8*len(out))
+	if _, err := f.ReadAt(b, int64(start/uffd.PageSize*8)); err != nil {
+		return err
+	}
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint64(b[8*i:])
 	}
 	return nil
 }

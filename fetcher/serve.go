@@ -3,7 +3,6 @@ package fetcher
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"unsafe"
 
@@ -277,14 +276,9 @@ func (p *Process) present(pg uint64) (bool, error) {
 	if pid == 0 {
 		return false, errNoPid
 	}
-	f, err := os.Open(fmt.Sprintf("/proc/%d/pagemap", pid))
-	if err != nil {
+	var e [1]uint64
+	if err := readPagemap(pid, pg, e[:]); err != nil {
 		return false, err
 	}
-	defer f.Close()
-	var b [8]byte
-	if _, err := f.ReadAt(b[:], int64(pg/ps*8)); err != nil {
-		return false, err
-	}
-	return b[7]&0x80 != 0, nil
+	return e[0]>>63 != 0, nil
 }

@@ -148,16 +148,24 @@ func (t *PageTable) Move(from, to, length uint64) {
 
 // DiscardRange discards every page in [start, end).
 func (t *PageTable) DiscardRange(start, end uint64) {
+	t.each(start, end, func(p uint64, _ *Entry) { t.Discard(p) })
+}
+
+// each calls f for every entry in [start, end), walking whichever is smaller: the range or
+// the table (a munmap of a huge reservation must not cost a lookup per page).
+func (t *PageTable) each(start, end uint64, f func(uint64, *Entry)) {
 	if (end-start)/backend.PageSize > uint64(len(t.pages)) {
-		for p := range t.pages {
+		for p, e := range t.pages {
 			if p >= start && p < end {
-				t.Discard(p)
+				f(p, e)
 			}
 		}
 		return
 	}
 	for p := start; p < end; p += backend.PageSize {
-		t.Discard(p)
+		if e := t.pages[p]; e != nil {
+			f(p, e)
+		}
 	}
 }
 
@@ -233,26 +241,13 @@ func (t *PageTable) Clear() {
 // If the program discards a page while we evict it, the page sees two REMOVEs, and whichever
 // comes second discards it: either order ends in "reads as zeros", which is what it asked for.
 func (t *PageTable) Removed(start, end uint64) {
-	visit := func(p uint64, e *Entry) {
+	t.each(start, end, func(p uint64, e *Entry) {
 		if e.State == Evicted && e.InFlight {
 			e.InFlight = false
 		} else {
 			t.Discard(p)
 		}
-	}
-	if (end-start)/backend.PageSize > uint64(len(t.pages)) {
-		for p, e := range t.pages {
-			if p >= start && p < end {
-				visit(p, e)
-			}
-		}
-		return
-	}
-	for p := start; p < end; p += backend.PageSize {
-		if e := t.pages[p]; e != nil {
-			visit(p, e)
-		}
-	}
+	})
 }
 
 // Pin excludes [lo, hi) from eviction: the agent thread's stack, which must never fault while
