@@ -114,18 +114,32 @@ func (p *Process) SetAgent(a Agent, tid int) {
 	}
 }
 
-// Register registers [start, start+length) with the process's uffd and adopts its present pages.
+// Register registers [start, start+length) with the process's uffd and adopts its present
+// pages. Before the run is armed it does nothing: arming rescans every mapping.
 func (p *Process) Register(start, length uint64) error {
+	if !p.rt.Armed() {
+		return nil
+	}
+	fresh, err := p.register(start, length)
+	if err != nil || !fresh {
+		return err
+	}
+	return p.adopt(start, length)
+}
+
+// register registers [start, start+length) unless it is already; fresh reports whether it
+// was not, so its present pages still need adopting.
+func (p *Process) register(start, length uint64) (fresh bool, err error) {
 	p.regMu.Lock()
 	defer p.regMu.Unlock()
 	if end, ok := p.registered[start]; ok && end == start+length {
-		return nil
+		return false, nil
 	}
 	if _, err := uffd.Register(p.fd, start, length, RegisterMode); err != nil {
-		return err
+		return false, err
 	}
 	p.registered[start] = start + length
-	return p.adopt(start, length)
+	return true, nil
 }
 
 // adopt records the pages of a just-registered range that are already present: the program

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,23 +15,50 @@ import (
 
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/evictor"
+	"github.com/farmem/farmem/latency"
 	"github.com/farmem/farmem/pagetable"
 )
+
+// Source is where a fault was served from.
+type Source int
+
+const (
+	FromZero    Source = iota // first touch, or a page the program discarded: zeros, no backend
+	FromBackend               // an evicted page read back from the backend
+	FromWP                    // the first write to a clean page: un-write-protect, no copy
+	NumSources
+)
+
+func (s Source) String() string { return [...]string{"zero", "backend", "wp"}[s] }
 
 // Stats counts fault-path work for the run summary.
 type Stats struct {
 	ZeroFills, ZeroPages, BackendFaults atomic.Int64
+	// Latency is each source's fault-service time: from reading the fault message to the
+	// install (or wake) ioctl's return, including any wait at the cap or behind an event.
+	Latency [NumSources]latency.Histogram
+	Removes      atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
+	ArmedAtPages atomic.Int64 // the anonymous RSS at which the run armed (0: armed from the start, or never)
 }
 
 // Runtime owns every process of one `farmem run`.
+//
+// Arming: a range is registered with userfaultfd only once the run's anonymous memory nears
+// the cap (ArmPages). Until then the program's first touches are the kernel's own (about a
+// microsecond, against a uffd round trip of 4 to 80 here) and farmem costs it nothing; a run
+// whose cap is above its peak never arms. Arming registers every anonymous mapping and adopts
+// the pages already present, so nothing touched before is lost to the page table.
 type Runtime struct {
 	Slots    *pagetable.Slots
-	Resident atomic.Int64 // pages resident in all processes
+	Resident atomic.Int64 // pages resident in all processes (tracked ones: nothing before arming)
 	CapPages int64
+	ArmPages int64 // arm when the processes' anonymous RSS reaches this
 	Evictor  *evictor.Evictor
 	Stats    Stats
 	// MinRegister is the smallest anonymous mapping registered (shim and rescan alike).
 	MinRegister uint64
+
+	armed atomic.Bool // set once, never cleared
 
 	mu       sync.Mutex
 	procs    map[*Process]bool       // protected by mu
@@ -41,13 +69,19 @@ type Runtime struct {
 	finished sync.WaitGroup
 }
 
+// armMargin is how far below the cap arming starts: the memory the program may touch between
+// two RSS polls (2 ms) and while arming registers and adopts its mappings. A cap within this
+// margin of zero arms at once.
+func armMargin(capPages int64) int64 { return max(capPages/4, (32<<20)/PageSize) }
+
 // NewRuntime builds a runtime holding at most capPages resident pages, storing evicted pages in b.
 func NewRuntime(capPages int64, b backend.Backend) *Runtime {
 	rt := &Runtime{
-		Slots: pagetable.NewSlots(b), CapPages: capPages, MinRegister: 64 << 10,
+		Slots: pagetable.NewSlots(b), CapPages: capPages, ArmPages: capPages - armMargin(capPages), MinRegister: 64 << 10,
 		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{},
 		stop: make(chan struct{}),
 	}
+	rt.armed.Store(rt.ArmPages <= 0)
 	rt.Evictor = evictor.New(capPages, &rt.Resident, b, rt.targets)
 	rt.finished.Add(2)
 	go func() { defer rt.finished.Done(); rt.Evictor.Loop(rt.stop) }()
@@ -111,6 +145,9 @@ func (rt *Runtime) Attach(pid, fd int) (*Process, error) {
 	return p, nil
 }
 
+// Armed reports whether ranges are registered with userfaultfd yet.
+func (rt *Runtime) Armed() bool { return rt.armed.Load() }
+
 // forked starts serving a fork child at once (its pid comes later, with its hello).
 func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 	c, err := newProcess(rt, fd, table)
@@ -125,13 +162,29 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 	go c.serve()
 }
 
-// AttachForked matches a fork child's hello to the uffd its parent's FORK event delivered.
-// Children of one parent are matched in fork order; the shim says hello from its atfork
-// handler, so this is exact unless two threads of one process fork at the same instant.
+// AttachForked attaches a fork child that said hello with a fresh uffd of its own (fd).
 //
-// The child is runnable before its parent's FORK event is read (the kernel wakes it first and
-// then waits for the event to be read), so its hello may arrive first: wait for the event.
-func (rt *Runtime) AttachForked(pid, ppid int) (*Process, error) {
+// If the parent had ranges registered when it forked, the kernel gave the child their
+// registrations on a new uffd and raised a FORK event in the parent: the child is served on
+// that uffd, with the page table cloned at the event, and fd is closed. Children of one
+// parent are matched in fork order; the shim says hello from its atfork handler, so this is
+// exact unless two threads of one process fork at the same instant. The child is runnable
+// before its parent's FORK event is read, so its hello may arrive first: wait for the event.
+//
+// If the parent had nothing registered (not armed yet, or only small mappings), no FORK event
+// comes: the child holds no evicted page and starts afresh on fd. The child's smaps tell the
+// two apart exactly: it has not run any code of its own yet (it says hello from its atfork
+// handler), so its registrations are still the ones fork copied.
+func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
+	inherited, err := hasRegistrations(pid)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("fork child %d: %w", pid, err)
+	}
+	if !inherited {
+		return rt.Attach(pid, fd)
+	}
+	unix.Close(fd)
 	deadline := time.Now().Add(10 * time.Second)
 	rt.mu.Lock()
 	for {
@@ -154,6 +207,23 @@ func (rt *Runtime) AttachForked(pid, ppid int) (*Process, error) {
 	rt.mu.Unlock()
 	rt.watchExit(c, pid)
 	return c, nil
+}
+
+// hasRegistrations reports whether any mapping of pid is registered with a userfaultfd
+// (VmFlags "um" in /proc/PID/smaps).
+func hasRegistrations(pid int) (bool, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "VmFlags:") && slices.Contains(strings.Fields(l), "um") {
+			return true, nil
+		}
+	}
+	return false, sc.Err()
 }
 
 // Lookup returns the process with pid.
@@ -249,16 +319,18 @@ func (rt *Runtime) Close() {
 	rt.finished.Wait()
 }
 
-// rescanLoop finds anonymous mappings the shim could not see (glibc malloc's internal brk and
-// mmap) and registers them, adopting their present pages. Nothing faults in memory we have not
-// registered, so the only sign of it is the kernel's count: every 2 ms it compares each
-// process's anonymous RSS (statm, one cheap read) with the pages we track and rescans at once
-// when they drift apart by more than unseenPages; otherwise every 100 ms.
+// rescanLoop arms the run when its anonymous memory nears the cap, and from then on finds
+// anonymous mappings the shim could not see (glibc malloc's internal brk and mmap) and
+// registers them, adopting their present pages. Nothing faults in memory we have not
+// registered, so the only sign of it is the kernel's count: every 2 ms it reads each
+// process's anonymous RSS (statm, one cheap read) and rescans a process at once when its RSS
+// drifts from the pages we track by more than unseenPages; otherwise every 100 ms.
 func (rt *Runtime) rescanLoop() {
-	const unseenPages = 1024
+	const unseenPages = 512
 	t := time.NewTicker(2 * time.Millisecond)
 	defer t.Stop()
 	last := map[*Process]time.Time{}
+	anon := map[*Process]int64{}
 	for {
 		select {
 		case <-rt.stop:
@@ -266,15 +338,28 @@ func (rt *Runtime) rescanLoop() {
 		case <-t.C:
 		}
 		now := time.Now()
-		for _, tg := range rt.targets() {
+		procs := rt.targets()
+		var total int64
+		clear(anon)
+		for _, tg := range procs {
 			p := tg.(*Process)
-			if p.Pid() == 0 {
+			if p.Pid() != 0 {
+				anon[p] = p.anonPages()
+				total += anon[p]
+			}
+		}
+		if !rt.armed.Load() {
+			if total < rt.ArmPages {
 				continue
 			}
+			rt.armed.Store(true)
+			rt.Stats.ArmedAtPages.Store(total)
+		}
+		for p, a := range anon {
 			p.table.Lock()
 			tracked := int64(p.table.Resident())
 			p.table.Unlock()
-			if now.Sub(last[p]) < 100*time.Millisecond && p.anonPages()-tracked < unseenPages {
+			if now.Sub(last[p]) < 100*time.Millisecond && a-tracked < unseenPages {
 				continue
 			}
 			last[p] = now
@@ -319,13 +404,22 @@ func (p *Process) Rescan() {
 		return
 	}
 	defer f.Close()
+	// Register every mapping first and adopt after: from its registration on, a mapping's new
+	// pages fault (and count against the cap); adopting first would leave the later mappings
+	// open to untracked growth for as long as the pagemap reads take (ms, when arming).
+	var fresh [][2]uint64
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		start, end, ok := anonMapping(sc.Text())
 		if !ok || end-start < p.rt.MinRegister {
 			continue
 		}
-		p.Register(start, end-start) // EINVAL/ENOMEM: the mapping changed meanwhile
+		if ok, _ := p.register(start, end-start); ok { // EINVAL/ENOMEM: the mapping changed meanwhile
+			fresh = append(fresh, [2]uint64{start, end - start})
+		}
+	}
+	for _, r := range fresh {
+		p.adopt(r[0], r[1])
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -30,13 +31,19 @@ const (
 	retry          // keep the message and resolve it again after draining events
 )
 
+// pendingFault is a fault that could not be served yet, with the time it was first read.
+type pendingFault struct {
+	msg   uffd.Msg
+	since time.Time
+}
+
 // serve is the fault thread: it runs on a locked OS thread (not the netpoller, whose wakeup
 // costs ~55 us here) until Stop.
 func (p *Process) serve() {
 	runtime.LockOSThread()
 	defer close(p.done)
 	msgs := make([]uffd.Msg, 64)
-	var pending []uffd.Msg
+	var pending []pendingFault
 	page := make([]byte, ps)
 	pfd := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}, {Fd: int32(p.stop), Events: unix.POLLIN}}
 	for {
@@ -62,16 +69,17 @@ func (p *Process) serve() {
 				p.Fail(fmt.Errorf("read uffd: %w", err))
 				return
 			}
+			now := time.Now()
 			for i := range msgs[:n] {
-				if p.handle(&msgs[i], page) == retry {
-					pending = append(pending, msgs[i])
+				if p.handle(&msgs[i], page, now) == retry {
+					pending = append(pending, pendingFault{msgs[i], now})
 				}
 			}
 		}
 		// Faults that hit EAGAIN (an unread event) or the cap: resolve again from scratch.
 		kept := pending[:0]
 		for i := range pending {
-			if p.handle(&pending[i], page) == retry {
+			if p.handle(&pending[i].msg, page, pending[i].since) == retry {
 				kept = append(kept, pending[i])
 			}
 		}
@@ -79,7 +87,8 @@ func (p *Process) serve() {
 	}
 }
 
-func (p *Process) handle(m *uffd.Msg, buf []byte) outcome {
+// handle serves one message read at since (earlier than now if it had to wait).
+func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 	switch m.Event() {
 	case uffd.EventPagefault:
 		flags, addr, tid := m.Pagefault()
@@ -87,15 +96,23 @@ func (p *Process) handle(m *uffd.Msg, buf []byte) outcome {
 		if p.rt.Resident.Load() > p.rt.Evictor.High {
 			p.rt.kickEvictor() // start before the cap is reached, so faults rarely wait
 		}
-		if flags&uffd.PagefaultWP != 0 {
-			return p.wpFault(pg)
-		}
-		if p.rt.overCap() && int32(tid) != p.agentTid.Load() {
+		var o outcome
+		var src Source
+		switch {
+		case flags&uffd.PagefaultWP != 0:
+			o, src = p.wpFault(pg), FromWP
+		case p.rt.overCap() && int32(tid) != p.agentTid.Load():
 			p.rt.kickEvictor()
-			return retry
+			o = retry
+		default:
+			o, src = p.missing(pg, flags&uffd.PagefaultWrite != 0, buf)
 		}
-		return p.missing(pg, flags&uffd.PagefaultWrite != 0, buf)
+		if o == served {
+			p.rt.Stats.Latency[src].Record(time.Since(since))
+		}
+		return o
 	case uffd.EventRemove:
+		p.rt.Stats.Removes.Add(1)
 		s, e := m.Range()
 		p.table.Lock()
 		p.table.Removed(s, e)
@@ -122,32 +139,32 @@ func (p *Process) handle(m *uffd.Msg, buf []byte) outcome {
 }
 
 // missing serves a MISSING fault: the page is absent from the program.
-func (p *Process) missing(pg uint64, write bool, buf []byte) outcome {
+func (p *Process) missing(pg uint64, write bool, buf []byte) (outcome, Source) {
 	t := p.table
 	t.Lock()
 	defer t.Unlock()
 	e := t.Get(pg)
 	if e == nil {
-		return p.zeroFill(pg, write)
+		return p.zeroFill(pg, write), FromZero
 	}
 	switch e.State {
 	case pagetable.Resident, pagetable.Evicting:
 		// Already installed (a batch filled it, or two threads faulted on it): just wake.
-		return p.wake(pg)
+		return p.wake(pg), FromZero
 	}
 	// Evicted.
 	if e.Slot == 0 {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
-		return p.installed(pg, n, err, true, 0)
+		return p.installed(pg, n, err, true, 0), FromZero
 	}
 	if err := p.rt.Slots.Backend().Load(e.Slot, buf); err != nil {
 		p.Fail(fmt.Errorf("page %#x: %w", pg, err))
-		return served
+		return served, FromBackend
 	}
 	// Installed write-protected: the first write arrives as a WP fault and marks it dirty, so
 	// an unwritten page is later dropped without any write.
 	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, uffd.CopyWP)
-	return p.installed(pg, n, err, false, e.Slot)
+	return p.installed(pg, n, err, false, e.Slot), FromBackend
 }
 
 // zeroFill serves the first touch of a page, filling a growing window of following

@@ -131,8 +131,25 @@ func exitStatus(cmd *exec.Cmd, err error) int {
 func printSummary(rt *fetcher.Runtime, o Options) {
 	s := &rt.Stats
 	e := &rt.Evictor.Stats
-	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB; faults: zero-fill %d (%d pages), backend %d; evicted: written %d, clean dropped %d, zero %d\n",
-		o.LocalMem>>20, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load())
+	armed := "not armed (stayed below the cap)"
+	switch {
+	case !rt.Armed():
+	case s.ArmedAtPages.Load() == 0:
+		armed = "armed from the start"
+	default:
+		armed = fmt.Sprintf("armed at %d MiB", s.ArmedAtPages.Load()*fetcher.PageSize>>20)
+	}
+	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB, %s; faults: zero-fill %d (%d pages), backend %d; evicted: written %d, clean dropped %d, zero %d; removes %d\n",
+		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
+	fmt.Fprintf(os.Stderr, "farmem: fault service")
+	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
+		h := &s.Latency[src]
+		if h.Count() == 0 {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "; %s %d p50 %v p99 %v", src, h.Count(), h.Quantile(0.5), h.Quantile(0.99))
+	}
+	fmt.Fprintln(os.Stderr)
 }
 
 func acceptLoop(ln *net.UnixListener, rt *fetcher.Runtime) {
@@ -176,14 +193,15 @@ func handleConn(c *conn, rt *fetcher.Runtime) {
 	defer c.c.Close()
 	var p *fetcher.Process
 	keep := -1
-	if m.C&1 != 0 { // fork child
-		p, err = rt.AttachForked(int(m.Pid), int(m.A))
-		if err == nil {
-			keep = p.UFFD()
-		}
-	} else if fd < 0 {
+	switch {
+	case fd < 0:
 		err = errors.New("hello without a userfaultfd")
-	} else {
+	case m.C&1 != 0: // fork child
+		p, err = rt.AttachForked(int(m.Pid), int(m.A), fd)
+		if err == nil && p.UFFD() != fd {
+			keep = p.UFFD() // served on the uffd of its FORK event: the shim keeps a copy of it
+		}
+	default:
 		p, err = rt.Attach(int(m.Pid), fd)
 	}
 	status := uint64(0)

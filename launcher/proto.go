@@ -24,7 +24,7 @@ const (
 	msgEvict      = 6
 	msgEvictDone  = 7
 
-	protoVersion = 1
+	protoVersion = 2
 	msgSize      = 40
 	maxRuns      = 128
 )

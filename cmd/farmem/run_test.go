@@ -118,12 +118,13 @@ func checkCap(t *testing.T, peaks map[int]int64, capBytes int64) {
 	}
 }
 
-// Test 1 and 4: the integrity torture at ~10% of its footprint; every unit verified, and the
-// cap measured from the kernel.
-func TestTortureUnderCap(t *testing.T) {
-	const capMiB = 16
-	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
-		filepath.Join(binDir, "torture"), "--mib", "160", "--rounds", "5", "--quiet")
+// runTorture runs the integrity torture under farmem at capMiB and returns farmem's output and
+// the peak RssAnon of each process; it fails the test unless every unit verified.
+func runTorture(t *testing.T, capMiB int, args ...string) (string, map[int]int64) {
+	t.Helper()
+	argv := append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
+		filepath.Join(binDir, "torture"), "--quiet"}, args...)
+	cmd := exec.Command(farmemBin(t), argv...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -139,10 +140,44 @@ func TestTortureUnderCap(t *testing.T) {
 	if !strings.Contains(out.String(), "torture: OK") || !strings.Contains(out.String(), "bad=0") {
 		t.Fatalf("torture did not report OK")
 	}
-	if !regexpMatch(`backend [1-9]`, out.String()) {
+	return out.String(), peaks
+}
+
+// Test 1 and 4: the integrity torture at ~10% of its footprint; every unit verified, and the
+// cap measured from the kernel.
+func TestTortureUnderCap(t *testing.T) {
+	const capMiB = 16
+	out, peaks := runTorture(t, capMiB, "--mib", "160", "--rounds", "5")
+	if !strings.Contains(out, "armed from the start") {
+		t.Fatalf("a 16MiB cap must arm at once (it is within the arming margin)")
+	}
+	if !regexpMatch(`backend [1-9]`, out) {
 		t.Fatalf("no page came back from the backend: the cap did not force eviction")
 	}
 	checkCap(t, peaks, capMiB<<20)
+}
+
+// A run starts unarmed and arms when its memory nears the cap: the pages touched before are
+// adopted, evicted and come back intact, and the cap still holds.
+func TestTortureArmsMidRun(t *testing.T) {
+	const capMiB = 96
+	out, peaks := runTorture(t, capMiB, "--mib", "200", "--rounds", "3")
+	if !regexpMatch(`armed at [1-9][0-9]* MiB`, out) {
+		t.Fatalf("the run did not arm on its way past the cap")
+	}
+	if !regexpMatch(`backend [1-9]`, out) {
+		t.Fatalf("no page came back from the backend: the cap did not force eviction")
+	}
+	checkCap(t, peaks, capMiB<<20)
+}
+
+// Below the cap nothing is registered and fork children (the torture forks every round) start
+// afresh, with no FORK event to wait for; their data is the parent's.
+func TestTortureBelowCapNeverArms(t *testing.T) {
+	out, _ := runTorture(t, 1024, "--mib", "64", "--rounds", "3")
+	if !strings.Contains(out, "not armed") {
+		t.Fatalf("a run far below its cap armed")
+	}
 }
 
 func regexpMatch(pat, s string) bool {

@@ -10,8 +10,9 @@
  *      of page runs the runtime has already write-protected and copied out (the runtime cannot
  *      drop another process's pages itself: process_madvise(DONTNEED) is EINVAL);
  *   4. re-arms itself in a fork child: the inherited uffd points at the parent's mm, so it is
- *      closed; the child's ranges belong to the uffd the kernel handed the runtime in the FORK
- *      event, which the runtime sends back as the child's keep-alive copy.
+ *      closed and a fresh one sent in the child's HELLO. If the parent had ranges registered, the
+ *      child's belong to the uffd the kernel handed the runtime in the FORK event instead, which
+ *      the runtime sends back as the child's keep-alive copy.
  *
  * Everything runs on raw syscalls: mmap is called from inside allocators (jemalloc's init) before
  * libc is fully usable. The wire format is shared with launcher/proto.go.
@@ -34,14 +35,15 @@
 #include <unistd.h>
 
 enum {
-	MSG_HELLO = 1,        /* shim->rt: a=ppid b=features c=flags(1=fork child); uffd attached unless fork child */
-	MSG_HELLO_OK = 2,     /* rt->shim: a=status(0 ok, else errno) b=min mapping bytes to register */
+	MSG_HELLO = 1,        /* shim->rt: a=ppid b=features c=flags(1=fork child); a fresh uffd attached */
+	MSG_HELLO_OK = 2,     /* rt->shim: a=status(0 ok, else errno) b=min mapping bytes to register; a fork
+			       * child's FORK-event uffd attached if it is served on that one */
 	MSG_REGISTER = 3,     /* shim->rt: a=addr b=len */
 	MSG_REGISTER_OK = 4,  /* rt->shim: a=status */
 	MSG_AGENT_HELLO = 5,  /* shim->rt on the agent connection: a=tid */
 	MSG_EVICT = 6,        /* rt->shim: n runs follow the header */
 	MSG_EVICT_DONE = 7,   /* shim->rt: a=first errno (0 if all ok) */
-	PROTO_VERSION = 1,
+	PROTO_VERSION = 2,
 	MAX_RUNS = 128,
 };
 struct fm_msg {
@@ -183,20 +185,40 @@ static void start_agent(void)
 	pthread_attr_destroy(&at);
 }
 
-/* hello performs the handshake on a fresh control connection. fork_child: the runtime already has
- * our uffd from the FORK event and sends back a keep-alive copy. */
+/* hello performs the handshake on a fresh control connection, sending our uffd. fork_child: if
+ * the parent had ranges registered when it forked, the runtime serves us on the uffd of the
+ * parent's FORK event instead and sends it back as our keep-alive copy. */
 static int hello(int fork_child, uint64_t features)
 {
 	struct fm_msg h = { .type = MSG_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
 			    .a = raw6(SYS_getppid, 0, 0, 0, 0, 0, 0), .b = features, .c = fork_child };
-	if (send_msg(ctl, &h, sizeof h, fork_child ? -1 : ufd) < 0) return -1;
+	if (send_msg(ctl, &h, sizeof h, ufd) < 0) return -1;
 	struct fm_msg r;
 	int fd = -1;
 	if (recv_msg(ctl, &r, sizeof r, &fd) != sizeof r || r.type != MSG_HELLO_OK) return -1;
 	if (r.a) return -1;
 	if (r.b) min_map = r.b;
-	if (fork_child) ufd = fd;
+	if (fd >= 0) {
+		raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
+		ufd = fd;
+	}
 	return 0;
+}
+
+/* new_uffd creates this process's userfaultfd with the features the runtime relies on. */
+static int new_uffd(uint64_t *features)
+{
+	int dev = raw6(SYS_open, (long)"/dev/userfaultfd", O_RDWR | O_CLOEXEC, 0, 0, 0, 0);
+	int fd = dev >= 0 ? raw6(SYS_ioctl, dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0)
+			  : raw6(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0, 0, 0, 0);
+	if (dev >= 0) raw6(SYS_close, dev, 0, 0, 0, 0, 0);
+	if (fd < 0) { say("cannot create a userfaultfd (need root or access to /dev/userfaultfd)"); return -1; }
+	struct uffdio_api api = { .api = UFFD_API,
+		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
+			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
+	if (raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0) < 0) { say("UFFDIO_API refused the features farmem needs"); return -1; }
+	*features = api.features;
+	return fd;
 }
 
 static void init(void)
@@ -207,17 +229,9 @@ static void init(void)
 	if (!getenv("FARMEM_SOCK")) goto out;
 	ctl = connect_rt();
 	if (ctl < 0) { say("cannot reach the farmem runtime (FARMEM_SOCK)"); die_runtime_lost(); }
-	int dev = raw6(SYS_open, (long)"/dev/userfaultfd", O_RDWR | O_CLOEXEC, 0, 0, 0, 0);
-	int fd = dev >= 0 ? raw6(SYS_ioctl, dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0)
-			  : raw6(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0, 0, 0, 0);
-	if (dev >= 0) raw6(SYS_close, dev, 0, 0, 0, 0, 0);
-	if (fd < 0) { say("cannot create a userfaultfd (need root or access to /dev/userfaultfd)"); die_runtime_lost(); }
-	struct uffdio_api api = { .api = UFFD_API,
-		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
-			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
-	if (raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0) < 0) { say("UFFDIO_API refused the features farmem needs"); die_runtime_lost(); }
-	ufd = fd;
-	if (hello(0, api.features) < 0) { say("handshake with the farmem runtime failed"); die_runtime_lost(); }
+	uint64_t features;
+	if ((ufd = new_uffd(&features)) < 0) die_runtime_lost();
+	if (hello(0, features) < 0) { say("handshake with the farmem runtime failed"); die_runtime_lost(); }
 	/* The agent thread is started from the constructor, not here: init may run inside the
 	 * allocator's own first mmap (jemalloc), where pthread_create's allocation would deadlock
 	 * on the allocator's init lock. */
@@ -234,8 +248,10 @@ static void atfork_child(void)
 	raw6(SYS_close, agent_sock, 0, 0, 0, 0, 0);
 	raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
 	pthread_mutex_init(&ctl_lock, NULL);
+	uint64_t features;
 	ctl = connect_rt();
-	if (ctl < 0 || hello(1, 0) < 0) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
+	ufd = new_uffd(&features);
+	if (ctl < 0 || ufd < 0 || hello(1, features) < 0) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
 	start_agent();
 }
 
