@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,7 +36,7 @@ type Stats struct {
 	ZeroFills, ZeroPages, BackendFaults atomic.Int64
 	// Latency is each source's fault-service time: from reading the fault message to the
 	// install (or wake) ioctl's return, including any wait at the cap or behind an event.
-	Latency [NumSources]latency.Histogram
+	Latency      [NumSources]latency.Histogram
 	Removes      atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
 	ArmedAtPages atomic.Int64 // the anonymous RSS at which the run armed (0: armed from the start, or never)
 }
