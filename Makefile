@@ -12,10 +12,13 @@ shim: $(SHIM)
 $(SHIM): launcher/shim/shim.c
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
 
-workloads: bin/torture
+workloads: bin/torture bin/micro
 bin/torture: workloads/torture/torture.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -pthread -o $@ $<
+bin/micro: workloads/micro/micro.c
+	@mkdir -p bin
+	$(CC) -O2 -Wall -o $@ $<
 
 test: build
 	$(GO) vet ./...

@@ -40,6 +40,9 @@ type Target interface {
 	Drop(runs []Run) error
 	// Fail stops the process with a message (a page could not be evicted safely).
 	Fail(err error)
+	// WakeIfWaiting tells the process's fault thread that a batch finished: faults waiting
+	// for room, or for a page's drop to complete, can go on.
+	WakeIfWaiting()
 }
 
 // BatchPages is how many pages one eviction batch takes at most.
@@ -96,6 +99,9 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 			want := int(min(e.Resident.Load()-e.Low, BatchPages))
 			if err := e.evictBatch(t, want); err != nil {
 				t.Fail(err)
+			}
+			for _, w := range e.Targets() {
+				w.WakeIfWaiting()
 			}
 		}
 	}

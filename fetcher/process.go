@@ -38,6 +38,9 @@ type Process struct {
 	fd    int // the uffd; owned
 	table *pagetable.PageTable
 	stop  int // eventfd that ends the fault thread
+	room  int // eventfd the evictor writes when faults wait (waiting) and it made progress
+
+	waiting atomic.Bool // the fault thread holds faults that wait for the evictor or an event
 
 	pid      atomic.Int32 // 0 until the shim's hello (a fork child is served before it says hello)
 	agentTid atomic.Int32 // faults from this thread are never throttled: eviction needs it
@@ -47,9 +50,8 @@ type Process struct {
 	regMu      sync.Mutex
 	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
 
-	// fault-thread-only state
-	zeroNext uint64 // the page right after the last zero-fill, for sequential first touch
-	zeroWin  int
+	zero  zeroStreams // fault-thread-only: sequential first-touch detection
+	place placement   // fault-thread-only: which CPU the fault thread runs on
 
 	done     chan struct{} // closed when the fault thread has exited
 	failOnce sync.Once
@@ -60,7 +62,12 @@ func newProcess(rt *Runtime, fd int, table *pagetable.PageTable) (*Process, erro
 	if err != nil {
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	return &Process{rt: rt, fd: fd, table: table, stop: stop, registered: make(map[uint64]uint64), done: make(chan struct{}), zeroWin: 1}, nil
+	room, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(stop)
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	return &Process{rt: rt, fd: fd, table: table, stop: stop, room: room, place: newPlacement(), registered: make(map[uint64]uint64), done: make(chan struct{})}, nil
 }
 
 // Pid implements evictor.Target.
@@ -195,6 +202,14 @@ func (p *Process) forgetRange(start, end uint64) {
 		}
 	}
 	p.regMu.Unlock()
+}
+
+// WakeIfWaiting implements evictor.Target: the evictor made room or finished a drop.
+func (p *Process) WakeIfWaiting() {
+	if p.waiting.Load() {
+		var one = [8]byte{1}
+		unix.Write(p.room, one[:])
+	}
 }
 
 // Stop ends the fault thread and waits for it.

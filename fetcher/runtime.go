@@ -281,6 +281,7 @@ func (rt *Runtime) retire(p *Process) {
 	p.table.Unlock()
 	unix.Close(p.fd)
 	unix.Close(p.stop)
+	unix.Close(p.room)
 }
 
 func (rt *Runtime) retireLater(c *Process) {

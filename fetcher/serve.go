@@ -42,16 +42,23 @@ type pendingFault struct {
 func (p *Process) serve() {
 	runtime.LockOSThread()
 	defer close(p.done)
+
 	msgs := make([]uffd.Msg, 64)
 	var pending []pendingFault
 	page := make([]byte, ps)
-	pfd := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}, {Fd: int32(p.stop), Events: unix.POLLIN}}
+	pfd := []unix.PollFd{
+		{Fd: int32(p.fd), Events: unix.POLLIN},
+		{Fd: int32(p.stop), Events: unix.POLLIN},
+		{Fd: int32(p.room), Events: unix.POLLIN},
+	}
+	var counter [8]byte
 	for {
-		var timeout *unix.Timespec // block until a message arrives
+		// Pending faults wait for one of three things, each of which wakes this poll: an
+		// unread event (it is on the uffd), the evictor making room or finishing a drop (it
+		// writes p.room, see WakeIfWaiting), or a fork child's pid (rare: the timeout).
+		var timeout *unix.Timespec
 		if len(pending) > 0 {
-			// Faults wait for an event to be read or for the evictor to make room; both
-			// take microseconds, so look again soon rather than after poll's 1 ms minimum.
-			timeout = &unix.Timespec{Nsec: 50_000}
+			timeout = &unix.Timespec{Nsec: 1_000_000}
 		}
 		if _, err := unix.Ppoll(pfd, timeout, nil); err != nil && err != unix.EINTR {
 			p.Fail(fmt.Errorf("poll uffd: %w", err))
@@ -59,6 +66,9 @@ func (p *Process) serve() {
 		}
 		if pfd[1].Revents != 0 {
 			return
+		}
+		if pfd[2].Revents != 0 {
+			unix.Read(p.room, counter[:])
 		}
 		for {
 			n, err := uffd.ReadMsgs(p.fd, msgs)
@@ -77,6 +87,9 @@ func (p *Process) serve() {
 			}
 		}
 		// Faults that hit EAGAIN (an unread event) or the cap: resolve again from scratch.
+		// waiting is raised before they look at the cap, and the evictor lowers Resident
+		// before it reads waiting, so room made meanwhile is never missed.
+		p.waiting.Store(len(pending) > 0)
 		kept := pending[:0]
 		for i := range pending {
 			if p.handle(&pending[i].msg, page, pending[i].since) == retry {
@@ -84,6 +97,7 @@ func (p *Process) serve() {
 			}
 		}
 		pending = kept
+		p.waiting.Store(len(pending) > 0)
 	}
 }
 
@@ -93,6 +107,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 	case uffd.EventPagefault:
 		flags, addr, tid := m.Pagefault()
 		pg := addr &^ (ps - 1)
+		p.place.fault(p.Pid(), int(tid))
 		if p.rt.Resident.Load() > p.rt.Evictor.High {
 			p.rt.kickEvictor() // start before the cap is reached, so faults rarely wait
 		}
@@ -161,23 +176,25 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (outcome, Source) {
 		p.Fail(fmt.Errorf("page %#x: %w", pg, err))
 		return served, FromBackend
 	}
-	// Installed write-protected: the first write arrives as a WP fault and marks it dirty, so
-	// an unwritten page is later dropped without any write.
+	// A page that is being written, or was written in its last stay, is installed writable
+	// and dirty: a write would otherwise cost a second round trip (the WP fault). Any other
+	// page is installed write-protected: its first write arrives as a WP fault and marks it
+	// dirty, so a page that is only read is later dropped without any write.
+	if write || e.WasWritten {
+		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
+		return p.installed(pg, n, err, true, e.Slot), FromBackend
+	}
 	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, uffd.CopyWP)
 	return p.installed(pg, n, err, false, e.Slot), FromBackend
 }
 
 // zeroFill serves the first touch of a page, filling a growing window of following
-// never-touched pages when first touches are sequential.
+// never-touched pages when first touches are sequential in one of a few streams.
 func (p *Process) zeroFill(pg uint64, write bool) outcome {
-	if pg == p.zeroNext {
-		p.zeroWin = min(p.zeroWin*2, maxZeroWindow)
-	} else {
-		p.zeroWin = 1
-	}
+	stream, win := p.zero.window(pg, maxZeroWindow)
 	k := uint64(1)
 	room := uint64(max(p.rt.roomPages(), 1))
-	for k < uint64(p.zeroWin) && k < room && p.table.Get(pg+k*ps) == nil {
+	for k < uint64(win) && k < room && p.table.Get(pg+k*ps) == nil {
 		k++
 	}
 	for {
@@ -196,7 +213,7 @@ func (p *Process) zeroFill(pg uint64, write bool) outcome {
 			for i := int64(0); i < n/ps; i++ {
 				p.table.Install(pg+uint64(i)*ps, true, 0)
 			}
-			p.zeroNext = pg + uint64(n)
+			p.zero.filled(stream, pg+uint64(n))
 			p.rt.Stats.ZeroFills.Add(1)
 			p.rt.Stats.ZeroPages.Add(n / ps)
 			return served

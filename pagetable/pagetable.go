@@ -6,7 +6,8 @@
 //
 // States of a page (no entry = never touched, or discarded by the program: reads as zeros):
 //
-//	Resident  present in the program. Dirty: written since its slot was stored (or no slot).
+//	Resident  present in the program. Dirty: may have been written since its slot was stored
+//	          (or no slot): installed writable, so the evictor must copy it out again.
 //	          !Dirty implies Slot != 0 and the page is write-protected, so the first write
 //	          arrives as a WP fault before it can change the page.
 //	Evicting  write-protected and being copied out by the evictor; present in the program.
@@ -14,6 +15,8 @@
 //	          InFlight: our own agent's DONTNEED of this page has not yet been seen as a REMOVE
 //	          event, so the next REMOVE covering it is ours, not the program's discard.
 //	          Zapping: the agent's madvise has not yet returned; the page may still be present.
+//	          WasWritten: the page was dirty when evicted; the fetcher predicts it will be
+//	          written again and installs it writable (and Dirty), saving the WP fault.
 package pagetable
 
 import (
@@ -39,6 +42,8 @@ type Entry struct {
 	Dirty    bool
 	InFlight bool
 	Zapping  bool
+	// WasWritten: Evicted pages only; see the package doc. A prediction, never a correctness bit.
+	WasWritten bool
 	Seq      uint32 // bumped on each install; victim-queue items with an older Seq are stale
 	Slot     backend.Slot
 }
@@ -125,6 +130,7 @@ func (t *PageTable) MarkEvicted(e *Entry, slot backend.Slot) {
 	if e.Slot != 0 && e.Slot != slot {
 		t.slots.Release(e.Slot)
 	}
+	e.WasWritten = e.Dirty
 	e.State, e.Slot, e.Dirty, e.InFlight, e.Zapping = Evicted, slot, false, true, true
 }
 

@@ -90,3 +90,21 @@ func TestVictimsFIFOAndPinned(t *testing.T) {
 		t.Fatalf("victims %x, want [5000]", got)
 	}
 }
+
+// A page evicted dirty is predicted to be written again when it comes back; one evicted clean
+// is not; the prediction ends with the next install.
+func TestWasWrittenPrediction(t *testing.T) {
+	var resident atomic.Int64
+	tb := New(&resident, NewSlots(backend.NewMemory()))
+	tb.Install(0x1000, true, 0)
+	tb.Install(0x2000, false, 7)
+	tb.MarkEvicted(tb.Get(0x1000), 5)
+	tb.MarkEvicted(tb.Get(0x2000), 7)
+	if !tb.Get(0x1000).WasWritten || tb.Get(0x2000).WasWritten {
+		t.Fatalf("WasWritten: dirty page %v, clean page %v; want true, false", tb.Get(0x1000).WasWritten, tb.Get(0x2000).WasWritten)
+	}
+	tb.Install(0x1000, true, 5)
+	if tb.Get(0x1000).WasWritten {
+		t.Fatal("WasWritten survived a re-install")
+	}
+}
