@@ -44,8 +44,8 @@ type Entry struct {
 	Zapping  bool
 	// WasWritten: Evicted pages only; see the package doc. A prediction, never a correctness bit.
 	WasWritten bool
-	Seq      uint32 // bumped on each install; victim-queue items with an older Seq are stale
-	Slot     backend.Slot
+	Seq        uint32 // bumped on each install; victim-queue items with an older Seq are stale
+	Slot       backend.Slot
 }
 
 type victim struct {
