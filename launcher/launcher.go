@@ -167,7 +167,10 @@ func acceptLoop(ln *net.UnixListener, rt *fetcher.Runtime) {
 func handleConn(c *conn, rt *fetcher.Runtime) {
 	m, fd, err := c.recv()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "farmem: bad shim handshake: %v\n", err)
+		// A process that exec'd or exited before its agent said hello closes quietly.
+		if !errors.Is(err, errClosed) {
+			fmt.Fprintf(os.Stderr, "farmem: bad shim handshake: %v\n", err)
+		}
 		c.c.Close()
 		return
 	}

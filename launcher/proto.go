@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"syscall"
@@ -62,6 +63,9 @@ func decode(b []byte) (msg, error) {
 	return m, nil
 }
 
+// errClosed is an orderly end of a shim connection: the process exited or exec'd.
+var errClosed = errors.New("connection closed")
+
 // conn is one shim connection.
 type conn struct {
 	c   *net.UnixConn
@@ -71,11 +75,14 @@ type conn struct {
 
 func (c *conn) recv() (msg, int, error) {
 	n, oobn, _, _, err := c.c.ReadMsgUnix(c.buf[:], c.oob[:])
+	if errors.Is(err, io.EOF) {
+		return msg{}, -1, errClosed
+	}
 	if err != nil {
 		return msg{}, -1, err
 	}
 	if n == 0 {
-		return msg{}, -1, errors.New("connection closed")
+		return msg{}, -1, errClosed
 	}
 	fd := -1
 	if oobn > 0 {
