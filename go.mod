@@ -3,6 +3,8 @@ module github.com/farmem/farmem
 go 1.26.8
 
 require (
+	github.com/klauspost/compress v1.18.0
+	github.com/pierrec/lz4/v4 v4.1.22
 	github.com/urfave/cli/v2 v2.27.7
 	golang.org/x/sys v0.38.0
 )

@@ -27,7 +27,10 @@ type Backend interface {
 	Load(slot Slot, dst []byte) error
 	// Free releases slots; freed slots may be reused by later Stores.
 	Free(slots ...Slot)
-	// Stats reports pages currently stored.
+	// Stored reports pages currently stored.
 	Stored() int
+	// StoredBytes reports the bytes of memory the store holds for those pages (what a
+	// compressing store saves shows here, not in Stored).
+	StoredBytes() int64
 	Close() error
 }

@@ -1,35 +1,30 @@
 package backend
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 )
 
-// chunkPages is how many pages one arena chunk holds (64 MiB): big enough that the store grows
+// chunkPages is how many pages one Memory chunk holds (64 MiB): big enough that the store grows
 // rarely, small enough that a short run does not reserve much.
 const chunkPages = 16384
 
-// Memory is the embedded backend: pages kept in the farmem process itself, in fixed 64 MiB
-// chunks indexed by slot, with a free list. Storing and loading are a memcpy and allocate
-// nothing once the chunks exist. It makes `farmem run` work with no cluster; it does not
-// reduce the machine's total memory use (that is what memory servers are for).
+// errClosed is returned by a Store after Close: the chunks are gone.
+var errClosed = errors.New("backend: store is closed")
+
+// Memory is the embedded backend: pages kept in the farmem process itself, in one arena of
+// 4 KiB blobs whose index is the slot. Storing and loading are a memcpy and allocate nothing
+// once the chunks exist. It makes `farmem run` work with no cluster; it does not reduce the
+// machine's total memory use (that is what memory servers are for, or Compressed shrinks it).
 type Memory struct {
 	mu     sync.Mutex
-	chunks [][]byte // chunk i holds slots [i*chunkPages+1, (i+1)*chunkPages]
-	free   []Slot   // released slots, reused first
-	next   Slot     // next never-used slot
-	used   []bool   // used[s] reports whether slot s holds a page; guards Load against bugs
-	stored int
+	pages  arena // protected by mu; blob i is slot i
+	closed bool  // protected by mu
 }
 
 // NewMemory returns an empty embedded store.
-func NewMemory() *Memory { return &Memory{next: 1, used: []bool{false}} }
-
-func (m *Memory) page(s Slot) []byte {
-	i := uint64(s - 1)
-	off := (i % chunkPages) * PageSize
-	return m.chunks[i/chunkPages][off : off+PageSize]
-}
+func NewMemory() *Memory { return &Memory{pages: newArena(PageSize, chunkPages*PageSize)} }
 
 // Store implements Backend.
 func (m *Memory) Store(src []byte, slots []Slot) error {
@@ -39,24 +34,12 @@ func (m *Memory) Store(src []byte, slots []Slot) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for i := 0; i < n; i++ {
-		var s Slot
-		if k := len(m.free); k > 0 {
-			s = m.free[k-1]
-			m.free = m.free[:k-1]
-		} else {
-			s = m.next
-			m.next++
-			if int(uint64(s-1)/chunkPages) >= len(m.chunks) {
-				m.chunks = append(m.chunks, make([]byte, chunkPages*PageSize))
-			}
-			m.used = append(m.used, false)
-		}
-		copy(m.page(s), src[i*PageSize:(i+1)*PageSize])
-		m.used[s] = true
-		slots[i] = s
+	if m.closed {
+		return errClosed
 	}
-	m.stored += n
+	for i := 0; i < n; i++ {
+		slots[i] = Slot(m.pages.put(src[i*PageSize : (i+1)*PageSize]))
+	}
 	return nil
 }
 
@@ -64,10 +47,12 @@ func (m *Memory) Store(src []byte, slots []Slot) error {
 func (m *Memory) Load(s Slot, dst []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if s == 0 || int(s) >= len(m.used) || !m.used[s] {
+	// A slot beyond int's range turns negative here, which get rejects like any unknown one.
+	p := m.pages.get(int(s))
+	if p == nil {
 		return fmt.Errorf("%w %d", ErrUnknownSlot, s)
 	}
-	copy(dst[:PageSize], m.page(s))
+	copy(dst[:PageSize], p)
 	return nil
 }
 
@@ -76,17 +61,27 @@ func (m *Memory) Free(slots ...Slot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, s := range slots {
-		if s == 0 || int(s) >= len(m.used) || !m.used[s] {
+		if !m.pages.release(int(s)) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))
 		}
-		m.used[s] = false
-		m.free = append(m.free, s)
-		m.stored--
 	}
 }
 
 // Stored implements Backend.
-func (m *Memory) Stored() int { m.mu.Lock(); defer m.mu.Unlock(); return m.stored }
+func (m *Memory) Stored() int { m.mu.Lock(); defer m.mu.Unlock(); return m.pages.inUse }
+
+// StoredBytes implements Backend.
+func (m *Memory) StoredBytes() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return int64(m.pages.inUse) * PageSize
+}
 
 // Close implements Backend.
-func (m *Memory) Close() error { m.mu.Lock(); m.chunks = nil; m.mu.Unlock(); return nil }
+func (m *Memory) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	m.pages.close()
+	return nil
+}
