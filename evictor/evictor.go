@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/latency"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/uffd"
 )
@@ -51,6 +52,10 @@ const BatchPages = 256
 // Stats counts what the evictor did.
 type Stats struct {
 	Batches, Written, Dropped, Zero atomic.Int64
+	Runs                            atomic.Int64      // contiguous runs dropped: one REMOVE event each
+	Batch                           latency.Histogram // one batch, victim choice to wake
+	// The backend's peak, sampled after each batch: what the run's evicted pages took.
+	PeakStored, PeakStoredBytes atomic.Int64
 }
 
 // Evictor evicts pages when Resident exceeds the high watermark.
@@ -154,6 +159,7 @@ func retryEAGAIN(f func() error) error {
 var ErrGone = errors.New("process gone")
 
 func (e *Evictor) evictBatch(t Target, want int) error {
+	start := time.Now()
 	tb := t.Table()
 	fd := t.UFFD()
 	tb.Lock()
@@ -282,6 +288,12 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		}
 	}
 	e.Stats.Batches.Add(1)
+	if n := int64(e.Backend.Stored()); n > e.Stats.PeakStored.Load() {
+		e.Stats.PeakStored.Store(n)
+		e.Stats.PeakStoredBytes.Store(e.Backend.StoredBytes())
+	}
+	e.Stats.Runs.Add(int64(len(dropRuns)))
+	e.Stats.Batch.Record(time.Since(start))
 	return nil
 }
 

@@ -141,6 +141,10 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	}
 	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB, %s; faults: zero-fill %d (%d pages), backend %d; evicted: written %d, clean dropped %d, zero %d; removes %d\n",
 		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
+	if n := e.PeakStored.Load(); n > 0 {
+		fmt.Fprintf(os.Stderr, "farmem: backend peak: %d pages in %d KiB (%.2fx)\n", n, e.PeakStoredBytes.Load()>>10,
+			float64(n*fetcher.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))
+	}
 	fmt.Fprintf(os.Stderr, "farmem: fault service")
 	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
 		h := &s.Latency[src]
@@ -148,6 +152,11 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "; %s %d p50 %v p99 %v", src, h.Count(), h.Quantile(0.5), h.Quantile(0.99))
+	}
+	if n := e.Batches.Load(); n > 0 {
+		fmt.Fprintf(os.Stderr, "; eviction batches %d (%.1f runs, %.1f pages each) p50 %v p99 %v",
+			n, float64(e.Runs.Load())/float64(n), float64(e.Written.Load()+e.Dropped.Load()+e.Zero.Load())/float64(n),
+			e.Batch.Quantile(0.5), e.Batch.Quantile(0.99))
 	}
 	fmt.Fprintln(os.Stderr)
 }

@@ -118,12 +118,13 @@ func checkCap(t *testing.T, peaks map[int]int64, capBytes int64) {
 	}
 }
 
-// runTorture runs the integrity torture under farmem at capMiB and returns farmem's output and
-// the peak RssAnon of each process; it fails the test unless every unit verified.
-func runTorture(t *testing.T, capMiB int, args ...string) (string, map[int]int64) {
+// runTorture runs the integrity torture under farmem at capMiB (with farmem's flags) and returns
+// farmem's output and the peak RssAnon of each process; it fails the test unless every unit
+// verified.
+func runTorture(t *testing.T, capMiB int, flags []string, args ...string) (string, map[int]int64) {
 	t.Helper()
-	argv := append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
-		filepath.Join(binDir, "torture"), "--quiet"}, args...)
+	argv := append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB)}, flags...)
+	argv = append(append(argv, "--", filepath.Join(binDir, "torture"), "--quiet"), args...)
 	cmd := exec.Command(farmemBin(t), argv...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -147,7 +148,7 @@ func runTorture(t *testing.T, capMiB int, args ...string) (string, map[int]int64
 // cap measured from the kernel.
 func TestTortureUnderCap(t *testing.T) {
 	const capMiB = 16
-	out, peaks := runTorture(t, capMiB, "--mib", "160", "--rounds", "5")
+	out, peaks := runTorture(t, capMiB, nil, "--mib", "160", "--rounds", "5")
 	if !strings.Contains(out, "armed from the start") {
 		t.Fatalf("a 16MiB cap must arm at once (it is within the arming margin)")
 	}
@@ -157,11 +158,42 @@ func TestTortureUnderCap(t *testing.T) {
 	checkCap(t, peaks, capMiB<<20)
 }
 
+// Evicted pages compressed by the embedded store come back intact, and smaller while away:
+// the micro workload's pages (structured words) compress; every page is verified on each pass.
+func TestCompressedStore(t *testing.T) {
+	for _, codec := range []string{"lz4", "zstd"} {
+		t.Run(codec, func(t *testing.T) {
+			cmd := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--compress", codec, "--",
+				filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "2")
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			s := sampleRSS(cmd.Process.Pid)
+			err := cmd.Wait()
+			peaks := s.finish()
+			t.Logf("%s", out.String())
+			if err != nil || !strings.Contains(out.String(), "micro: OK bad=0") {
+				t.Fatalf("micro under farmem --compress %s: %v", codec, err)
+			}
+			m := mustCompile(`backend peak: [0-9]+ pages in [0-9]+ KiB \(([0-9.]+)x\)`).FindStringSubmatch(out.String())
+			if m == nil {
+				t.Fatalf("no backend peak in the summary: nothing was evicted")
+			}
+			if ratio, _ := strconv.ParseFloat(m[1], 64); ratio <= 1.2 {
+				t.Fatalf("%s kept micro's pages at %.2fx: not compressed", codec, ratio)
+			}
+			checkCap(t, peaks, 16<<20)
+		})
+	}
+}
+
 // A run starts unarmed and arms when its memory nears the cap: the pages touched before are
 // adopted, evicted and come back intact, and the cap still holds.
 func TestTortureArmsMidRun(t *testing.T) {
 	const capMiB = 96
-	out, peaks := runTorture(t, capMiB, "--mib", "200", "--rounds", "3")
+	out, peaks := runTorture(t, capMiB, nil, "--mib", "200", "--rounds", "3")
 	if !regexpMatch(`armed at [1-9][0-9]* MiB`, out) {
 		t.Fatalf("the run did not arm on its way past the cap")
 	}
@@ -174,7 +206,7 @@ func TestTortureArmsMidRun(t *testing.T) {
 // Below the cap nothing is registered and fork children (the torture forks every round) start
 // afresh, with no FORK event to wait for; their data is the parent's.
 func TestTortureBelowCapNeverArms(t *testing.T) {
-	out, _ := runTorture(t, 1024, "--mib", "64", "--rounds", "3")
+	out, _ := runTorture(t, 1024, nil, "--mib", "64", "--rounds", "3")
 	if !strings.Contains(out, "not armed") {
 		t.Fatalf("a run far below its cap armed")
 	}
@@ -389,6 +421,7 @@ func TestBadInput(t *testing.T) {
 		{"not found", []string{"run", "--local-mem", "64MiB", "--", "no-such-program-farmem"}, `"no-such-program-farmem" not found`},
 		{"not executable", []string{"run", "--local-mem", "64MiB", "--", script}, "cannot be run"},
 		{"static", []string{"run", "--local-mem", "64MiB", "--", static}, "statically linked"},
+		{"unknown codec", append([]string{"run", "--local-mem", "64MiB", "--compress", "lzma", "--"}, touch...), `unknown codec "lzma" (valid: none, lz4, zstd)`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
