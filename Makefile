@@ -32,4 +32,4 @@ bench: build
 	workloads/bench/redis.sh 300000 100000
 
 bench-smoke: build
-	OUT=/tmp/farmem-bench-smoke.md workloads/bench/redis.sh 60000 5000
+	ROUNDS=1 OUT=/tmp/farmem-bench-smoke.md workloads/bench/redis.sh 60000 5000

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Side-by-side redis benchmark: plain redis-server vs farmem run with a cap above its peak (no
-# paging) and at 50 % and 25 % of the peak, in one run. Writes results/redis.md.
+# paging) and at 50 % and 25 % of the peak, in one run, ROUNDS times interleaved so that machine
+# drift hits every configuration alike; the table holds each configuration's median.
+# Guest memory is warmed before every run (first touch of cold guest memory costs ~10 us/page
+# here, which would bill whichever run came first).
 # Usage: workloads/bench/redis.sh [KEYS] [REQUESTS]   (make bench; make bench-smoke for a short run)
+# Env: ROUNDS (default 3), OUT (default results/redis.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 keys=${1:-300000}
 reqs=${2:-100000}
+rounds=${ROUNDS:-3}
 size=1000
 port=6479
 out=${OUT:-results/redis.md}
@@ -13,14 +18,30 @@ mkdir -p "$(dirname "$out")"
 
 peak_mib() { echo $(( (keys * (size + 100)) / 1048576 + 16 )); }
 
+# quantile LOG SOURCE Q: the fault-service latency farmem's summary reports, in microseconds.
+quantile() {
+  local v
+  v=$(grep -o "$2 [0-9]* p50 [^;]*" "$1" | head -1 | awk -v q="$3" '{for (i = 3; i < NF; i += 2) if ($i == q) print $(i+1)}')
+  case "$v" in
+    "") echo "-"; return ;;
+    *ms) v=$(echo "${v%ms} * 1000" | bc) ;;
+    *µs) v=${v%µs} ;;
+    *ns) v=$(echo "scale=3; ${v%ns} / 1000" | bc) ;;
+    *s) v=$(echo "${v%s} * 1000000" | bc) ;;
+  esac
+  printf '%.1f\n' "$v"
+}
+
 run_one() { # name, launcher prefix...
   local name=$1; shift
-  "$@" redis-server --port $port --save '' --appendonly no --enable-debug-command yes --bind 127.0.0.1 >/tmp/farmem-bench-$name.log 2>&1 &
+  local log=/tmp/farmem-bench-$name.log
+  dd if=/dev/zero of=/dev/null bs=1G count=1 2>/dev/null
+  "$@" redis-server --port $port --save '' --appendonly no --enable-debug-command yes --bind 127.0.0.1 >"$log" 2>&1 &
   local pid=$!
   local up=0
   for _ in $(seq 100); do redis-cli -p $port ping >/dev/null 2>&1 && { up=1; break; }; sleep 0.05; done
   if [ $up = 0 ]; then
-    echo "bench: redis under '$name' did not start; see /tmp/farmem-bench-$name.log" >&2
+    echo "bench: redis under '$name' did not start; see $log" >&2
     kill $pid 2>/dev/null || true
     exit 1
   fi
@@ -33,7 +54,7 @@ run_one() { # name, launcher prefix...
   local get=$(redis-benchmark -p $port -q -t get -n "$reqs" -r "$keys" -d $size 2>/dev/null | tr '\r' '\n' | awk '/requests per second/{print $2}' | tail -1)
   redis-cli -p $port shutdown nosave >/dev/null 2>&1 || true
   wait $pid || true
-  echo "$name|$pop|$rss|$set|$get"
+  echo "$name|$pop|$rss|$set|$get|$(quantile "$log" zero p50)|$(quantile "$log" zero p99)|$(quantile "$log" backend p50)|$(quantile "$log" backend p99)"
 }
 
 peak=$(peak_mib)
@@ -42,27 +63,44 @@ if [ $quarter -lt 16 ]; then
   echo "bench: $keys keys are too few: 25% of the peak (${quarter}MiB) is below farmem's 16MiB minimum" >&2
   exit 2
 fi
-rows=()
-rows+=("$(run_one plain env)")
-rows+=("$(run_one "farmem-nopaging" bin/farmem run --quiet --local-mem $((peak * 2))MiB --)")
-rows+=("$(run_one "farmem-50%(${half}MiB)" bin/farmem run --quiet --local-mem ${half}MiB --)")
-rows+=("$(run_one "farmem-25%(${quarter}MiB)" bin/farmem run --quiet --local-mem ${quarter}MiB --)")
+names=(plain farmem-nopaging "farmem-50%(${half}MiB)" "farmem-25%(${quarter}MiB)")
+raw=()
+for r in $(seq "$rounds"); do
+  raw+=("$(run_one "${names[0]}" env)")
+  raw+=("$(run_one "${names[1]}" bin/farmem run --local-mem $((peak * 2))MiB --)")
+  raw+=("$(run_one "${names[2]}" bin/farmem run --local-mem ${half}MiB --)")
+  raw+=("$(run_one "${names[3]}" bin/farmem run --local-mem ${quarter}MiB --)")
+done
 
-base_pop=$(echo "${rows[0]}" | cut -d'|' -f2); base_set=$(echo "${rows[0]}" | cut -d'|' -f4); base_get=$(echo "${rows[0]}" | cut -d'|' -f5)
+# median NAME FIELD: the median over the rounds of one configuration's field.
+median() {
+  printf '%s\n' "${raw[@]}" | awk -F'|' -v n="$1" -v f="$2" '$1 == n {print $f}' | sort -g |
+    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+base_pop=$(median plain 2); base_set=$(median plain 4); base_get=$(median plain 5)
 {
-  echo "# redis: plain vs farmem (embedded backend), one run"
+  echo "# redis: plain vs farmem (embedded backend), medians of $rounds interleaved rounds"
   echo
-  echo "Command: \`workloads/bench/redis.sh $keys $reqs\` on $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%d)."
+  echo "Command: \`ROUNDS=$rounds workloads/bench/redis.sh $keys $reqs\` on $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%d)."
   echo "DEBUG POPULATE $keys keys of $size B (estimated peak ${peak} MiB); redis-benchmark -n $reqs -r $keys -d $size."
   echo
-  echo "| run | populate s | RSS MiB | SET rps | GET rps | populate x plain | SET x plain | GET x plain |"
-  echo "|---|---|---|---|---|---|---|---|"
-  for r in "${rows[@]}"; do
-    IFS='|' read -r n pop rss set get <<<"$r"
-    printf '| %s | %.2f | %s | %s | %s | %.2f | %.2f | %.2f |\n' "$n" "$pop" "$rss" "$set" "$get" \
-      "$(echo "$base_pop / $pop" | bc -l)" "$(echo "$set / $base_set" | bc -l)" "$(echo "$get / $base_get" | bc -l)"
+  echo "| run | populate s | RSS MiB | SET rps | GET rps | populate x plain | SET x plain | GET x plain | zero-fill p50/p99 us | backend p50/p99 us |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
+  for n in "${names[@]}"; do
+    pop=$(median "$n" 2); rss=$(median "$n" 3); set=$(median "$n" 4); get=$(median "$n" 5)
+    zl="$(median "$n" 6)/$(median "$n" 7)"; bl="$(median "$n" 8)/$(median "$n" 9)"
+    [ "$n" = plain ] && zl=- && bl=-
+    printf '| %s | %.2f | %s | %.0f | %.0f | %.2f | %.2f | %.2f | %s | %s |\n' "$n" "$pop" "$rss" "$set" "$get" \
+      "$(echo "$base_pop / $pop" | bc -l)" "$(echo "$set / $base_set" | bc -l)" "$(echo "$get / $base_get" | bc -l)" "$zl" "$bl"
   done
   echo
   echo "Ratios above 1 are better than plain (populate is time, so x plain = plain time / this time)."
+  echo "Fault-service latency is farmem's own: from reading the fault to the install ioctl's return,"
+  echo "waits at the cap included (the program also pays the two context switches around it)."
+  echo "A run whose memory stays below its cap is never armed and takes no fault (-/-)."
+  echo
+  echo "Every run (name|populate s|RSS MiB|SET|GET|zero p50|zero p99|backend p50|backend p99):"
+  echo
+  printf '    %s\n' "${raw[@]}"
 } >"$out"
 cat "$out"
