@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Side-by-side redis benchmark: plain redis-server vs farmem run with a cap above its peak (no
-# paging) and at 50 % and 25 % of the peak, in one run, ROUNDS times interleaved so that machine
+# paging) and at 50 % and 25 % of the peak (and at 25 % with the embedded store compressing), ROUNDS times interleaved so that machine
 # drift hits every configuration alike; the table holds each configuration's median.
 # Guest memory is warmed before every run (first touch of cold guest memory costs ~10 us/page
 # here, which would bill whichever run came first).
@@ -63,13 +63,15 @@ if [ $quarter -lt 16 ]; then
   echo "bench: $keys keys are too few: 25% of the peak (${quarter}MiB) is below farmem's 16MiB minimum" >&2
   exit 2
 fi
-names=(plain farmem-nopaging "farmem-50%(${half}MiB)" "farmem-25%(${quarter}MiB)")
+names=(plain farmem-nopaging "farmem-50%(${half}MiB)" "farmem-25%(${quarter}MiB)" "farmem-25%-lz4" "farmem-25%-zstd")
 raw=()
 for r in $(seq "$rounds"); do
   raw+=("$(run_one "${names[0]}" env)")
   raw+=("$(run_one "${names[1]}" bin/farmem run --local-mem $((peak * 2))MiB --)")
   raw+=("$(run_one "${names[2]}" bin/farmem run --local-mem ${half}MiB --)")
   raw+=("$(run_one "${names[3]}" bin/farmem run --local-mem ${quarter}MiB --)")
+  raw+=("$(run_one "${names[4]}" bin/farmem run --compress lz4 --local-mem ${quarter}MiB --)")
+  raw+=("$(run_one "${names[5]}" bin/farmem run --compress zstd --local-mem ${quarter}MiB --)")
 done
 
 # median NAME FIELD: the median over the rounds of one configuration's field.
@@ -98,6 +100,7 @@ base_pop=$(median plain 2); base_set=$(median plain 4); base_get=$(median plain 
   echo "Fault-service latency is farmem's own: from reading the fault to the install ioctl's return,"
   echo "waits at the cap included (the program also pays the two context switches around it)."
   echo "A run whose memory stays below its cap is never armed and takes no fault (-/-)."
+  echo "The -lz4/-zstd rows are the 25 % cap with \`--compress\`; the default stores pages raw."
   echo
   echo "Every run (name|populate s|RSS MiB|SET|GET|zero p50|zero p99|backend p50|backend p99):"
   echo
