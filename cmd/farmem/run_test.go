@@ -118,14 +118,11 @@ func checkCap(t *testing.T, peaks map[int]int64, capBytes int64) {
 	}
 }
 
-// runTorture runs the integrity torture under farmem at capMiB (with farmem's flags) and returns
-// farmem's output and the peak RssAnon of each process; it fails the test unless every unit
-// verified.
-func runTorture(t *testing.T, capMiB int, flags []string, args ...string) (string, map[int]int64) {
+// runSampled runs farmem with args, sampling every process's RssAnon, and returns its output,
+// the peaks, and how it exited.
+func runSampled(t *testing.T, args ...string) (string, map[int]int64, error) {
 	t.Helper()
-	argv := append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB)}, flags...)
-	argv = append(append(argv, "--", filepath.Join(binDir, "torture"), "--quiet"), args...)
-	cmd := exec.Command(farmemBin(t), argv...)
+	cmd := exec.Command(farmemBin(t), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -135,13 +132,24 @@ func runTorture(t *testing.T, capMiB int, flags []string, args ...string) (strin
 	err := cmd.Wait()
 	peaks := s.finish()
 	t.Logf("%s", out.String())
+	return out.String(), peaks, err
+}
+
+// runTorture runs the integrity torture under farmem at capMiB (with farmem's flags) and returns
+// farmem's output and the peak RssAnon of each process; it fails the test unless every unit
+// verified.
+func runTorture(t *testing.T, capMiB int, flags []string, args ...string) (string, map[int]int64) {
+	t.Helper()
+	argv := append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB)}, flags...)
+	argv = append(append(argv, "--", filepath.Join(binDir, "torture"), "--quiet"), args...)
+	out, peaks, err := runSampled(t, argv...)
 	if err != nil {
 		t.Fatalf("torture under farmem failed: %v", err)
 	}
-	if !strings.Contains(out.String(), "torture: OK") || !strings.Contains(out.String(), "bad=0") {
+	if !strings.Contains(out, "torture: OK") || !strings.Contains(out, "bad=0") {
 		t.Fatalf("torture did not report OK")
 	}
-	return out.String(), peaks
+	return out, peaks
 }
 
 // Test 1 and 4: the integrity torture at ~10% of its footprint; every unit verified, and the
@@ -163,21 +171,12 @@ func TestTortureUnderCap(t *testing.T) {
 func TestCompressedStore(t *testing.T) {
 	for _, codec := range []string{"lz4", "zstd"} {
 		t.Run(codec, func(t *testing.T) {
-			cmd := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--compress", codec, "--",
+			out, peaks, err := runSampled(t, "run", "--local-mem", "16MiB", "--compress", codec, "--",
 				filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "2")
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			s := sampleRSS(cmd.Process.Pid)
-			err := cmd.Wait()
-			peaks := s.finish()
-			t.Logf("%s", out.String())
-			if err != nil || !strings.Contains(out.String(), "micro: OK bad=0") {
+			if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 				t.Fatalf("micro under farmem --compress %s: %v", codec, err)
 			}
-			m := mustCompile(`backend peak: [0-9]+ pages in [0-9]+ KiB \(([0-9.]+)x\)`).FindStringSubmatch(out.String())
+			m := mustCompile(`backend peak: [0-9]+ pages in [0-9]+ KiB \(([0-9.]+)x\)`).FindStringSubmatch(out)
 			if m == nil {
 				t.Fatalf("no backend peak in the summary: nothing was evicted")
 			}
