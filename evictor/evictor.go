@@ -53,6 +53,7 @@ const BatchPages = 256
 type Stats struct {
 	Batches, Written, Dropped, Zero atomic.Int64
 	Runs                            atomic.Int64      // contiguous runs dropped: one REMOVE event each
+	Aborted                         atomic.Int64      // batches given up: the program unmapped or moved victims
 	Batch                           latency.Histogram // one batch, victim choice to wake
 	// The backend's peak, sampled after each batch: what the run's evicted pages took.
 	PeakStored, PeakStoredBytes atomic.Int64
@@ -62,7 +63,12 @@ type Stats struct {
 type Evictor struct {
 	CapPages  int64         // the cap, in pages
 	High, Low int64         // start evicting above High, stop at Low
-	Resident  *atomic.Int64 // resident pages of all processes
+	Resident  *atomic.Int64 // resident pages of all processes, as the page tables count them
+	// Unmanaged is what the kernel counts as the processes' anonymous memory beyond Resident:
+	// mappings the rescan has not found yet (glibc's internal mmap/brk), small ones, batches in
+	// flight. Sampled every 2 ms by the runtime. It counts against the cap too, so the cap
+	// holds as the kernel measures it: the evictor takes tracked pages to make up for it.
+	Unmanaged atomic.Int64
 	Targets   func() []Target
 	Backend   backend.Backend
 	Stats     Stats
@@ -96,12 +102,12 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 		case <-e.Kick:
 		case <-tick.C:
 		}
-		for e.Resident.Load() > e.High {
+		for e.Used() > e.High {
 			t := e.largest()
 			if t == nil {
 				break
 			}
-			want := int(min(e.Resident.Load()-e.Low, BatchPages))
+			want := int(min(e.Used()-e.Low, BatchPages))
 			if err := e.evictBatch(t, want); err != nil {
 				t.Fail(err)
 			}
@@ -111,6 +117,9 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 		}
 	}
 }
+
+// Used is the pages counted against the cap.
+func (e *Evictor) Used() int64 { return e.Resident.Load() + e.Unmanaged.Load() }
 
 func (e *Evictor) largest() Target {
 	var best Target
@@ -185,6 +194,10 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		if errors.Is(err, unix.ESRCH) {
 			return nil // the process exited under us
 		}
+		if errors.Is(err, unix.ENOENT) {
+			e.abort(tb, fd, dirty, clean, dirtyRuns) // unmapped or moved meanwhile
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("evict: write-protect %#x+%d: %w", r.Addr, r.Len, err)
 		}
@@ -201,6 +214,10 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		}
 		got, err := unix.ProcessVMReadv(t.Pid(), local, remote, 0)
 		if errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		if errors.Is(err, unix.EFAULT) || (err == nil && got < n*uffd.PageSize) {
+			e.abort(tb, fd, dirty, clean, dirtyRuns) // part of it was unmapped meanwhile
 			return nil
 		}
 		if err != nil || got != n*uffd.PageSize {
@@ -270,7 +287,11 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			if errors.Is(err, ErrGone) {
 				return nil
 			}
-			return fmt.Errorf("evict: agent drop: %w", err)
+			// ENOMEM: a run was unmapped or moved by the program meanwhile; the UNMAP or
+			// REMAP event already updated the page table, and the other runs were dropped.
+			if !errors.Is(err, unix.ENOMEM) {
+				return fmt.Errorf("evict: agent drop: %w", err)
+			}
 		}
 	}
 	tb.Lock()
@@ -295,6 +316,28 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	e.Stats.Runs.Add(int64(len(dropRuns)))
 	e.Stats.Batch.Record(time.Since(start))
 	return nil
+}
+
+// abort gives up a batch whose pages the program unmapped or moved (munmap, mremap) between
+// the choice and the copy: the victims still mapped go back to Resident (dirty ones stay dirty,
+// some are write-protected now, which a later write un-protects as for any clean page), and
+// writers waiting on the protection are woken to retry.
+func (e *Evictor) abort(tb *pagetable.PageTable, fd int, dirty, clean []uint64, dirtyRuns []Run) {
+	tb.Lock()
+	for _, p := range dirty {
+		if en := tb.Get(p); en != nil && en.State == pagetable.Evicting {
+			en.State = pagetable.Resident
+			tb.Requeue(p)
+		}
+	}
+	for _, p := range clean {
+		tb.Requeue(p)
+	}
+	tb.Unlock()
+	for _, r := range dirtyRuns {
+		uffd.Wake(fd, r.Addr, r.Len) // ENOENT/ESRCH: nobody left to wake there
+	}
+	e.Stats.Aborted.Add(1)
 }
 
 func isZero(b []byte) bool {

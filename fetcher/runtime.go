@@ -58,7 +58,8 @@ type Runtime struct {
 	// MinRegister is the smallest anonymous mapping registered (shim and rescan alike).
 	MinRegister uint64
 
-	armed atomic.Bool // set once, never cleared
+	armed  atomic.Bool // set once, never cleared
+	arming atomic.Bool // the first rescan after arming is adopting pages: program faults wait
 
 	mu       sync.Mutex
 	procs    map[*Process]bool       // protected by mu
@@ -99,9 +100,10 @@ func (rt *Runtime) targets() []evictor.Target {
 	return out
 }
 
-func (rt *Runtime) overCap() bool { return rt.Resident.Load() >= rt.CapPages }
+// overCap reports whether program faults must wait for the evictor (or for arming to finish).
+func (rt *Runtime) overCap() bool { return rt.Evictor.Used() >= rt.CapPages || rt.arming.Load() }
 func (rt *Runtime) roomPages() int64 {
-	return rt.CapPages - rt.Resident.Load()
+	return rt.CapPages - rt.Evictor.Used()
 }
 func (rt *Runtime) kickEvictor() {
 	select {
@@ -353,27 +355,47 @@ func (rt *Runtime) rescanLoop() {
 			if total < rt.ArmPages {
 				continue
 			}
-			rt.armed.Store(true)
-			rt.Stats.ArmedAtPages.Store(total)
+			rt.arm(total, anon)
+			continue
 		}
+		var unmanaged int64
 		for p, a := range anon {
 			p.table.Lock()
 			tracked := int64(p.table.Resident())
 			p.table.Unlock()
+			unmanaged += max(a-tracked, 0)
 			if now.Sub(last[p]) < 100*time.Millisecond && a-tracked < unseenPages {
 				continue
 			}
 			last[p] = now
 			p.Rescan()
-			if rt.Resident.Load() > rt.Evictor.High {
-				rt.kickEvictor()
-			}
+		}
+		rt.Evictor.Unmanaged.Store(unmanaged)
+		if rt.Evictor.Used() > rt.Evictor.High {
+			rt.kickEvictor()
 		}
 		for p := range last {
 			if !rt.live(p) {
 				delete(last, p)
 			}
 		}
+	}
+}
+
+// arm registers every process's mappings. Until the pages already present are adopted,
+// Resident undercounts them and the cap cannot hold back new faults, so program faults wait
+// (milliseconds, once) rather than let the program grow past the cap meanwhile.
+func (rt *Runtime) arm(total int64, procs map[*Process]int64) {
+	rt.arming.Store(true)
+	rt.armed.Store(true)
+	rt.Stats.ArmedAtPages.Store(total)
+	for p := range procs {
+		p.Rescan()
+	}
+	rt.arming.Store(false)
+	rt.kickEvictor()
+	for p := range procs {
+		p.WakeIfWaiting()
 	}
 }
 

@@ -125,6 +125,7 @@ type agentConn struct {
 func (a *agentConn) Drop(runs []evictor.Run) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	var first error
 	for len(runs) > 0 {
 		k := min(len(runs), maxRuns)
 		b := make([]byte, msgSize+16*k)
@@ -143,12 +144,12 @@ func (a *agentConn) Drop(runs []evictor.Run) error {
 		if m.Type != msgEvictDone {
 			return fmt.Errorf("agent answered message type %d", m.Type)
 		}
-		if m.A != 0 {
-			return fmt.Errorf("agent madvise(DONTNEED): %w", unix.Errno(m.A))
+		if m.A != 0 && first == nil {
+			first = fmt.Errorf("agent madvise(DONTNEED): %w", unix.Errno(m.A)) // the other runs still go
 		}
 		runs = runs[k:]
 	}
-	return nil
+	return first
 }
 
 // Close implements fetcher.Agent.

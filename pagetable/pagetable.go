@@ -145,6 +145,17 @@ func (t *PageTable) Move(from, to, length uint64) {
 	}
 	for p, e := range moved {
 		t.pages[p] = e
+		// An eviction in progress works on the old address: it will find nothing there to
+		// commit (Evicting) or drop (Zapping). An Evicting page stays here, present and dirty
+		// (only dirty pages are Evicting). An Evicted page the agent had not dropped yet may be
+		// present here: no longer ours to expect a REMOVE for, and a write to it finds it
+		// present (see the fetcher's wpFault).
+		switch e.State {
+		case Evicting:
+			e.State = Resident
+		case Evicted:
+			e.InFlight, e.Zapping = false, false
+		}
 		if e.State == Resident {
 			e.Seq++
 			t.fifo = append(t.fifo, victim{p, e.Seq})
