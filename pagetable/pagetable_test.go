@@ -108,3 +108,27 @@ func TestWasWrittenPrediction(t *testing.T) {
 		t.Fatal("WasWritten survived a re-install")
 	}
 }
+
+// mremap during an eviction: the evictor works on the old address and finds nothing there, so
+// the moved pages must not stay in its hands (an Evicting page would never be woken again).
+func TestMoveDuringEviction(t *testing.T) {
+	var resident atomic.Int64
+	tb := New(&resident, NewSlots(backend.NewMemory()))
+	tb.Install(0x1000, true, 0)
+	tb.Install(0x2000, true, 0)
+	tb.Get(0x1000).State = Evicting
+	tb.MarkEvicted(tb.Get(0x2000), 0)
+	tb.Move(0x1000, 0x100000, 0x2000)
+	if e := tb.Get(0x100000); e == nil || e.State != Resident || !e.Dirty {
+		t.Fatalf("moved Evicting page: %+v, want Resident and dirty", e)
+	}
+	if e := tb.Get(0x101000); e == nil || e.State != Evicted || e.InFlight || e.Zapping {
+		t.Fatalf("moved Evicted page: %+v, want Evicted, no drop expected", e)
+	}
+	if tb.Get(0x1000) != nil || tb.Get(0x2000) != nil {
+		t.Fatal("entries left at the old address")
+	}
+	if v := tb.Victims(10, nil); len(v) != 1 || v[0] != 0x100000 {
+		t.Fatalf("victims after the move %x, want the moved resident page", v)
+	}
+}
