@@ -108,14 +108,25 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 				break
 			}
 			want := int(min(e.Used()-e.Low, BatchPages))
+			before := e.evicted()
 			if err := e.evictBatch(t, want); err != nil {
 				t.Fail(err)
 			}
 			for _, w := range e.Targets() {
 				w.WakeIfWaiting()
 			}
+			if e.evicted() == before {
+				// Nothing could go (every victim pinned, unmapped meanwhile, or the excess is
+				// Unmanaged with nothing tracked left): wait for the next kick or tick
+				// rather than spin.
+				break
+			}
 		}
 	}
+}
+
+func (e *Evictor) evicted() int64 {
+	return e.Stats.Written.Load() + e.Stats.Dropped.Load() + e.Stats.Zero.Load()
 }
 
 // Used is the pages counted against the cap.

@@ -101,9 +101,12 @@ func (rt *Runtime) targets() []evictor.Target {
 }
 
 // overCap reports whether program faults must wait for the evictor (or for arming to finish).
-func (rt *Runtime) overCap() bool { return rt.Evictor.Used() >= rt.CapPages || rt.arming.Load() }
+// It counts the tracked pages only: the evictor can always bring those down, while memory it
+// cannot evict (Unmanaged) would keep faults waiting for room that never comes. The evictor
+// counts Unmanaged too, and so keeps the kernel's count under the cap when it can.
+func (rt *Runtime) overCap() bool { return rt.Resident.Load() >= rt.CapPages || rt.arming.Load() }
 func (rt *Runtime) roomPages() int64 {
-	return rt.CapPages - rt.Evictor.Used()
+	return rt.CapPages - rt.Resident.Load()
 }
 func (rt *Runtime) kickEvictor() {
 	select {
