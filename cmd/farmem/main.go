@@ -73,7 +73,7 @@ func runCommand() *cli.Command {
 			"crashed, the backend lost it), the program is stopped: it never reads zeros in its place.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
-			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too (redis pages: lz4 7x, zstd 9x smaller), at a cost: at a 25% cap, lz4 gave\n\t0.65-0.88x and zstd 0.6-0.8x of none's throughput here (results/redis.md)"},
+			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too (redis pages: lz4 7x, zstd 9x smaller), at a cost: at a 25% cap, lz4 gave\n\t0.65-1.0x and zstd 0.6-0.8x of none's throughput here (results/redis.md)"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },

@@ -5,12 +5,12 @@
 # Guest memory is warmed before every run (first touch of cold guest memory costs ~10 us/page
 # here, which would bill whichever run came first).
 # Usage: workloads/bench/redis.sh [KEYS] [REQUESTS]   (make bench; make bench-smoke for a short run)
-# Env: ROUNDS (default 3), OUT (default results/redis.md).
+# Env: ROUNDS (default 5), OUT (default results/redis.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 keys=${1:-300000}
 reqs=${2:-100000}
-rounds=${ROUNDS:-3}
+rounds=${ROUNDS:-5}
 size=1000
 port=6479
 out=${OUT:-results/redis.md}
