@@ -108,14 +108,14 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 				break
 			}
 			want := int(min(e.Used()-e.Low, BatchPages))
-			before := e.evicted()
+			before := e.Stats.Evicted()
 			if err := e.evictBatch(t, want); err != nil {
 				t.Fail(err)
 			}
 			for _, w := range e.Targets() {
 				w.WakeIfWaiting()
 			}
-			if e.evicted() == before {
+			if e.Stats.Evicted() == before {
 				// Nothing could go (every victim pinned, unmapped meanwhile, or the excess is
 				// Unmanaged with nothing tracked left): wait for the next kick or tick
 				// rather than spin.
@@ -125,9 +125,8 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 	}
 }
 
-func (e *Evictor) evicted() int64 {
-	return e.Stats.Written.Load() + e.Stats.Dropped.Load() + e.Stats.Zero.Load()
-}
+// Evicted is every page evicted so far: written, dropped clean, or stored as nothing.
+func (s *Stats) Evicted() int64 { return s.Written.Load() + s.Dropped.Load() + s.Zero.Load() }
 
 // Used is the pages counted against the cap.
 func (e *Evictor) Used() int64 { return e.Resident.Load() + e.Unmanaged.Load() }

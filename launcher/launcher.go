@@ -155,8 +155,11 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	}
 	if n := e.Batches.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "; eviction batches %d (%.1f runs, %.1f pages each) p50 %v p99 %v",
-			n, float64(e.Runs.Load())/float64(n), float64(e.Written.Load()+e.Dropped.Load()+e.Zero.Load())/float64(n),
+			n, float64(e.Runs.Load())/float64(n), float64(e.Evicted())/float64(n),
 			e.Batch.Quantile(0.5), e.Batch.Quantile(0.99))
+	}
+	if n := e.Aborted.Load(); n > 0 {
+		fmt.Fprintf(os.Stderr, "; %d batches given up (victims unmapped or moved meanwhile)", n)
 	}
 	fmt.Fprintln(os.Stderr)
 }
