@@ -91,16 +91,20 @@ func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func
 	}
 }
 
-// Loop evicts until stop is closed.
+// Loop evicts until stop is closed. It sleeps until kicked (a fault thread or the runtime's
+// RSS poll sees pressure); only when a pass leaves it over High with nothing it could take
+// does it look again on its own, after retryAfter. A program below its cap costs it nothing.
 func (e *Evictor) Loop(stop <-chan struct{}) {
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
+	const retryAfter = 5 * time.Millisecond
+	retry := time.NewTimer(retryAfter)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-e.Kick:
-		case <-tick.C:
+		case <-retry.C:
 		}
 		for e.Used() > e.High {
 			t := e.largest()
@@ -117,10 +121,12 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 			}
 			if e.Stats.Evicted() == before {
 				// Nothing could go (every victim pinned, unmapped meanwhile, or the excess is
-				// Unmanaged with nothing tracked left): wait for the next kick or tick
-				// rather than spin.
+				// Unmanaged with nothing tracked left): look again later rather than spin.
 				break
 			}
+		}
+		if e.Used() > e.High {
+			retry.Reset(retryAfter)
 		}
 	}
 }

@@ -328,15 +328,22 @@ func (rt *Runtime) Close() {
 // rescanLoop arms the run when its anonymous memory nears the cap, and from then on finds
 // anonymous mappings the shim could not see (glibc malloc's internal brk and mmap) and
 // registers them, adopting their present pages. Nothing faults in memory we have not
-// registered, so the only sign of it is the kernel's count: every 2 ms it reads each
-// process's anonymous RSS (statm, one cheap read) and rescans a process at once when its RSS
-// drifts from the pages we track by more than unseenPages; otherwise every 100 ms.
+// registered, so the only sign of it is the kernel's count: it reads each process's anonymous
+// RSS (statm, one pread) every 2 ms once armed, less often before (pollInterval), and rescans a
+// process at once when its RSS drifts from the pages we track by more than unseenPages;
+// otherwise every 100 ms.
 func (rt *Runtime) rescanLoop() {
 	const unseenPages = 512
-	t := time.NewTicker(2 * time.Millisecond)
+	t := time.NewTimer(pollInterval(rt.armed.Load(), 0, rt.ArmPages))
 	defer t.Stop()
 	last := map[*Process]time.Time{}
 	anon := map[*Process]int64{}
+	statms := map[*Process]*statm{}
+	defer func() {
+		for _, s := range statms {
+			s.close()
+		}
+	}()
 	for {
 		select {
 		case <-rt.stop:
@@ -349,11 +356,27 @@ func (rt *Runtime) rescanLoop() {
 		clear(anon)
 		for _, tg := range procs {
 			p := tg.(*Process)
-			if p.Pid() != 0 {
-				anon[p] = p.anonPages()
-				total += anon[p]
+			if p.Pid() == 0 {
+				continue
+			}
+			s := statms[p]
+			if s == nil {
+				var err error
+				if s, err = openStatm(p.Pid()); err != nil {
+					continue // it has exited
+				}
+				statms[p] = s
+			}
+			anon[p] = s.anonPages()
+			total += anon[p]
+		}
+		for p, s := range statms {
+			if !rt.live(p) {
+				s.close()
+				delete(statms, p)
 			}
 		}
+		t.Reset(pollInterval(rt.armed.Load() || total >= rt.ArmPages, total, rt.ArmPages))
 		if !rt.armed.Load() {
 			if total < rt.ArmPages {
 				continue
@@ -406,21 +429,6 @@ func (rt *Runtime) live(p *Process) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	return rt.procs[p]
-}
-
-// anonPages returns the process's resident anonymous pages (statm: resident - shared).
-func (p *Process) anonPages() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/statm", p.Pid()))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return 0
-	}
-	res, _ := strconv.ParseInt(f[1], 10, 64)
-	shared, _ := strconv.ParseInt(f[2], 10, 64)
-	return res - shared
 }
 
 // Rescan registers every private anonymous writable mapping of at least MinRegister bytes.
