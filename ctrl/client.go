@@ -1,0 +1,154 @@
+package ctrl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/farmem/farmem/fabric"
+)
+
+// Client talks to a ctrl. Safe for concurrent use. Every error wraps one of the Err* kinds
+// (errors.Is); an unreachable ctrl gives an error naming its address.
+type Client struct {
+	addr string // as given, for messages
+	base string // http://host:port
+	tok  fabric.Token
+	hc   *http.Client
+}
+
+// NewClient returns a client of the ctrl at addr (host:port, or an http:// URL).
+func NewClient(addr string, tok fabric.Token) *Client {
+	base := strings.TrimRight(addr, "/")
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	// A bound on every call even if the caller's context has none: the ctrl answers from
+	// memory plus at most one fsync, so 15 s means it is gone, not slow.
+	return &Client{addr: addr, base: base, tok: tok, hc: &http.Client{Timeout: 15 * time.Second}}
+}
+
+// Addr is the ctrl's address as given.
+func (c *Client) Addr() string { return c.addr }
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body []byte
+	if in != nil {
+		var err error
+		if body, err = json.Marshal(in); err != nil {
+			return err
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("farmem ctrl at %s: %w", c.addr, err)
+	}
+	req.Header.Set(AuthHeader, signRequest(c.tok, method, req.URL.Path, body, time.Now()))
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL is in our message already, as the address
+		}
+		return fmt.Errorf("cannot reach the farmem ctrl at %s: %w", c.addr, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return fmt.Errorf("farmem ctrl at %s: reading the reply to %s %s: %w", c.addr, method, path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var eb errorBody
+		json.Unmarshal(b, &eb)
+		msg := eb.Error
+		switch {
+		case resp.StatusCode == http.StatusUnauthorized && msg == "":
+			msg = UnauthorizedMsg
+		case msg == "":
+			msg = fmt.Sprintf("%s %s: HTTP %s (is %s a farmem ctrl?)", method, path, resp.Status, c.addr)
+		}
+		return &Error{Kind: kindOfStatus(resp.StatusCode), Msg: fmt.Sprintf("farmem ctrl at %s: %s", c.addr, msg)}
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("farmem ctrl at %s: the reply to %s %s is not the expected JSON (is it a farmem ctrl?): %w", c.addr, method, path, err)
+		}
+	}
+	return nil
+}
+
+// ServerHeartbeat reports a memory server's state; the reply says what to free and when to
+// report next. ErrGone: the ctrl declared this server instance dead.
+func (c *Client) ServerHeartbeat(ctx context.Context, r ServerReport) (HeartbeatReply, error) {
+	if r.Slabs == nil {
+		r.Slabs = []uint64{}
+	}
+	var out HeartbeatReply
+	err := c.do(ctx, "POST", "/v1/servers/heartbeat", r, &out)
+	return out, err
+}
+
+// OpenSession starts a client session; name is for people (host, pid, program).
+func (c *Client) OpenSession(ctx context.Context, name string) (Session, error) {
+	var out Session
+	err := c.do(ctx, "POST", "/v1/sessions", map[string]string{"name": name}, &out)
+	return out, err
+}
+
+// SessionHeartbeat keeps the session open and returns its generation: when it moves, refetch
+// the slab map with Slabs. ErrNotFound: the session expired or was closed.
+func (c *Client) SessionHeartbeat(ctx context.Context, id fabric.SessionID) (uint64, error) {
+	var out struct {
+		Generation uint64 `json:"generation"`
+	}
+	err := c.do(ctx, "POST", "/v1/sessions/"+id.String()+"/heartbeat", nil, &out)
+	return out.Generation, err
+}
+
+// AllocSlab places a new slab on `replicas` distinct servers. ErrNoRoom: not enough live
+// servers with free memory (the message says what there is).
+func (c *Client) AllocSlab(ctx context.Context, id fabric.SessionID, replicas int) (Slab, error) {
+	var out Slab
+	err := c.do(ctx, "POST", "/v1/sessions/"+id.String()+"/slabs", map[string]int{"replicas": replicas}, &out)
+	return out, err
+}
+
+// Slabs returns the session's generation and slab map.
+func (c *Client) Slabs(ctx context.Context, id fabric.SessionID) (uint64, []Slab, error) {
+	var out SlabMap
+	err := c.do(ctx, "GET", "/v1/sessions/"+id.String()+"/slabs", nil, &out)
+	return out.Generation, out.Slabs, err
+}
+
+// ReplicaReady says the rebuilding replica of slab on server has been filled from a ready one.
+func (c *Client) ReplicaReady(ctx context.Context, id fabric.SessionID, slab uint64, server string) error {
+	return c.do(ctx, "POST", "/v1/sessions/"+id.String()+"/slabs/"+strconv.FormatUint(slab, 10)+"/ready", map[string]string{"server": server}, nil)
+}
+
+// FreeSlab releases a slab; its servers free it after their next heartbeat.
+func (c *Client) FreeSlab(ctx context.Context, id fabric.SessionID, slab uint64) error {
+	return c.do(ctx, "DELETE", "/v1/sessions/"+id.String()+"/slabs/"+strconv.FormatUint(slab, 10), nil, nil)
+}
+
+// CloseSession ends the session cleanly, releasing all its slabs.
+func (c *Client) CloseSession(ctx context.Context, id fabric.SessionID) error {
+	return c.do(ctx, "DELETE", "/v1/sessions/"+id.String(), nil, nil)
+}
+
+// Status returns the cluster's servers, sessions and totals.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var out Status
+	err := c.do(ctx, "GET", "/v1/status", nil, &out)
+	return out, err
+}

@@ -1,0 +1,393 @@
+package ctrl
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/farmem/farmem/fabric"
+)
+
+// ServiceConfig configures the ctrl service.
+type ServiceConfig struct {
+	Config                               // the state machine's; Rand nil: seeded from crypto/rand
+	Store  Store                         // where the state is kept; required
+	Logf   func(format string, a ...any) // membership changes and trouble, one line each; nil: discarded
+	// Now is the state machine's clock (heartbeat ages, expiries); nil: time.Now. Tests move
+	// it by hand. Request timestamps are checked against the wall clock regardless.
+	Now func() time.Time
+}
+
+// Service is the ctrl's HTTP edge: it authenticates requests, runs them on the Cluster under
+// one mutex, persists what changed placement before it replies, and ticks the cluster.
+type Service struct {
+	token fabric.Token
+	store Store
+	logf  func(format string, a ...any)
+	now   func() time.Time
+
+	mu      sync.Mutex
+	cluster *Cluster // guarded by mu
+
+	saveMu      sync.Mutex
+	saveFailing bool          // guarded by saveMu: the last save failed (logged once per streak)
+	saved       atomic.Uint64 // cluster version last on disk; written under saveMu, read anywhere
+
+	lastAuthLog atomic.Int64 // unix nanos of the last logged 401: one line a minute, not one per request
+}
+
+// maxBody bounds a request body: a heartbeat lists every slab a server holds (a 1 TiB server of
+// 1 MiB slabs lists a million ids, ~8 MB of JSON).
+const maxBody = 16 << 20
+
+// NewService loads the saved state, if any, and returns a service ready to Serve.
+func NewService(cfg ServiceConfig) (*Service, error) {
+	if len(cfg.Token) < fabric.MinTokenBytes {
+		return nil, fmt.Errorf("ctrl: a cluster token of at least %d bytes is required", fabric.MinTokenBytes)
+	}
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("ctrl: a Store is required")
+	}
+	if cfg.Rand == nil {
+		var seed [32]byte
+		crand.Read(seed[:])
+		cfg.Rand = rand.New(rand.NewChaCha8(seed))
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	s := &Service{token: cfg.Token, store: cfg.Store, logf: cfg.Logf, now: cfg.Now, cluster: NewCluster(cfg.Config)}
+	st, ok, err := cfg.Store.Load()
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		if err := s.cluster.Restore(s.now(), st); err != nil {
+			return nil, err
+		}
+		slabs := 0
+		for _, ss := range st.Sessions {
+			slabs += len(ss.Slabs)
+		}
+		s.logf("restored %d servers, %d sessions, %d slabs; servers have %v to heartbeat, sessions %v",
+			len(st.Servers), len(st.Sessions), slabs, s.cluster.cfg.DeadAfter, s.cluster.cfg.SessionTimeout)
+		s.logEvents(s.cluster.TakeEvents())
+	}
+	s.saved.Store(s.cluster.Version())
+	return s, nil
+}
+
+// Serve answers the API on ln and ticks the cluster every TickInterval until ctx is done, then
+// shuts down and makes sure the last state is saved.
+func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          log.New(logWriter{s.logf}, "", 0),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	t := time.NewTicker(TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.Tick()
+		case err := <-errc:
+			return fmt.Errorf("ctrl: serving the API: %w", err)
+		case <-ctx.Done():
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			hs.Shutdown(sctx)
+			<-errc
+			return s.flush()
+		}
+	}
+}
+
+// Tick advances the cluster to the service's clock and saves what that changed (or what an
+// earlier failed save left unsaved). Serve calls it every TickInterval.
+func (s *Service) Tick() {
+	s.mu.Lock()
+	s.cluster.Tick(s.now())
+	ver, st := s.snapshotLocked(s.saved.Load())
+	ev := s.cluster.TakeEvents()
+	s.mu.Unlock()
+	s.logEvents(ev)
+	if st != nil {
+		s.persist(ver, st)
+	}
+}
+
+func (s *Service) flush() error {
+	s.mu.Lock()
+	ver, st := s.snapshotLocked(s.saved.Load())
+	s.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	if err := s.persist(ver, st); err != nil {
+		return err
+	}
+	return nil
+}
+
+// snapshotLocked copies the state if the cluster's version moved past since. Called with mu held.
+func (s *Service) snapshotLocked(since uint64) (uint64, *State) {
+	ver := s.cluster.Version()
+	if ver <= since {
+		return ver, nil
+	}
+	st := s.cluster.State()
+	return ver, &st
+}
+
+// persist saves a snapshot unless a newer one is already on disk (it includes this one).
+func (s *Service) persist(ver uint64, st *State) error {
+	s.saveMu.Lock()
+	defer s.saveMu.Unlock()
+	if ver <= s.saved.Load() {
+		return nil
+	}
+	if err := s.store.Save(*st); err != nil {
+		if !s.saveFailing {
+			s.logf("cannot save the ctrl state (retrying every tick): %v", err)
+		}
+		s.saveFailing = true
+		return errorf(ErrInternal, "the ctrl cannot write its state: %v", err)
+	}
+	if s.saveFailing {
+		s.logf("ctrl state saved again")
+	}
+	s.saveFailing = false
+	s.saved.Store(ver)
+	return nil
+}
+
+// apply runs fn on the cluster and, if fn changed what is persisted, saves before returning:
+// the caller replies only once the change would survive a crash.
+func (s *Service) apply(fn func(c *Cluster, now time.Time) (any, error)) (any, error) {
+	s.mu.Lock()
+	before := s.cluster.Version()
+	out, err := fn(s.cluster, s.now())
+	ver, st := s.snapshotLocked(before)
+	ev := s.cluster.TakeEvents()
+	s.mu.Unlock()
+	s.logEvents(ev)
+	if st != nil {
+		if serr := s.persist(ver, st); serr != nil && err == nil {
+			return out, serr
+		}
+	}
+	return out, err
+}
+
+func (s *Service) logEvents(ev []Event) {
+	for _, e := range ev {
+		s.logf("%s", e.Msg)
+	}
+}
+
+// Handler is the API, authenticated.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/servers/heartbeat", func(w http.ResponseWriter, r *http.Request) {
+		var rep ServerReport
+		if !decode(w, r, &rep) {
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return c.ServerHeartbeat(now, rep) })
+	})
+	mux.HandleFunc("POST /v1/sessions", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Name string `json:"name"`
+		}
+		if !decode(w, r, &req) {
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return c.OpenSession(now, req.Name), nil })
+	})
+	mux.HandleFunc("POST /v1/sessions/{id}/heartbeat", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		if !ok {
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) {
+			gen, err := c.SessionHeartbeat(now, id)
+			return map[string]uint64{"generation": gen}, err
+		})
+	})
+	mux.HandleFunc("POST /v1/sessions/{id}/slabs", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		var req struct {
+			Replicas int `json:"replicas"`
+		}
+		if !ok || !decode(w, r, &req) {
+			return
+		}
+		out, err := s.apply(func(c *Cluster, now time.Time) (any, error) { return c.AllocSlab(now, id, req.Replicas) })
+		if sl, placed := out.(Slab); placed && errors.Is(err, ErrInternal) {
+			// Not on disk: a restarted ctrl would not know the slab and could reuse its id. Take
+			// it back rather than hand out a grant the ctrl may forget.
+			s.apply(func(c *Cluster, now time.Time) (any, error) { return nil, c.FreeSlab(now, id, sl.ID) })
+			err = errorf(ErrInternal, "%v: slab not allocated", err)
+		}
+		respond(w, out, err)
+	})
+	mux.HandleFunc("GET /v1/sessions/{id}/slabs", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		if !ok {
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) {
+			gen, slabs, err := c.Slabs(now, id)
+			return SlabMap{Generation: gen, Slabs: slabs}, err
+		})
+	})
+	mux.HandleFunc("POST /v1/sessions/{id}/slabs/{slab}/ready", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		slab, ok2 := slabParam(w, r, ok)
+		var req struct {
+			Server string `json:"server"`
+		}
+		if !ok2 || !decode(w, r, &req) {
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) {
+			return struct{}{}, c.ReplicaReady(now, id, slab, req.Server)
+		})
+	})
+	mux.HandleFunc("DELETE /v1/sessions/{id}/slabs/{slab}", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		slab, ok2 := slabParam(w, r, ok)
+		if !ok2 {
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return struct{}{}, c.FreeSlab(now, id, slab) })
+	})
+	mux.HandleFunc("DELETE /v1/sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		if !ok {
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return struct{}{}, c.CloseSession(now, id) })
+	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return c.Status(now), nil })
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		respond(w, nil, errorf(ErrNotFound, "the farmem ctrl has no %s %s", r.Method, r.URL.Path))
+	})
+	return s.authenticate(mux)
+}
+
+func (s *Service) reply(w http.ResponseWriter, fn func(c *Cluster, now time.Time) (any, error)) {
+	out, err := s.apply(fn)
+	respond(w, out, err)
+}
+
+// authenticate lets through only requests MACed with the cluster token (see AuthHeader).
+func (s *Service) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("request body over %d bytes", maxBody)})
+				return
+			}
+			respond(w, nil, errorf(ErrBadRequest, "reading the request: %v", err))
+			return
+		}
+		// Timestamps are the senders' wall clocks, so they are checked against ours, not
+		// against the state machine's time (which tests move by hand).
+		now := time.Now()
+		if ok, why := checkRequest(s.token, r.Header.Get(AuthHeader), r.Method, r.URL.Path, body, now); !ok {
+			if last := s.lastAuthLog.Load(); now.UnixNano()-last > int64(time.Minute) && s.lastAuthLog.CompareAndSwap(last, now.UnixNano()) {
+				s.logf("refused %s %s from %s: %s", r.Method, r.URL.Path, r.RemoteAddr, why)
+			}
+			writeJSON(w, http.StatusUnauthorized, errorBody{why})
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+func respond(w http.ResponseWriter, out any, err error) {
+	if err != nil {
+		writeJSON(w, httpStatus(err), errorBody{err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		code, b = 500, []byte(`{"error":"encoding the reply failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	b, _ := io.ReadAll(r.Body) // already read and bounded by authenticate
+	if len(bytes.TrimSpace(b)) == 0 {
+		b = []byte("{}")
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		respond(w, nil, errorf(ErrBadRequest, "%s %s: the body is not the expected JSON: %v", r.Method, r.URL.Path, err))
+		return false
+	}
+	return true
+}
+
+func sessionParam(w http.ResponseWriter, r *http.Request) (fabric.SessionID, bool) {
+	var id fabric.SessionID
+	if err := id.UnmarshalText([]byte(r.PathValue("id"))); err != nil {
+		respond(w, nil, errorf(ErrBadRequest, "%q is not a session id (%d hex digits)", r.PathValue("id"), 2*len(id)))
+		return id, false
+	}
+	return id, true
+}
+
+func slabParam(w http.ResponseWriter, r *http.Request, ok bool) (uint64, bool) {
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(r.PathValue("slab"), 10, 64)
+	if err != nil {
+		respond(w, nil, errorf(ErrBadRequest, "%q is not a slab id", r.PathValue("slab")))
+		return 0, false
+	}
+	return n, true
+}
+
+// logWriter sends net/http's own complaints (e.g. a client that hung up) to Logf.
+type logWriter struct{ logf func(string, ...any) }
+
+func (l logWriter) Write(p []byte) (int, error) {
+	l.logf("%s", bytes.TrimRight(p, "\n"))
+	return len(p), nil
+}
