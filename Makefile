@@ -4,7 +4,7 @@ GO      ?= go
 CC      ?= gcc
 SHIM    := launcher/shim/libfarmem.so
 
-.PHONY: build test shim workloads clean bench bench-smoke
+.PHONY: build test shim workloads clean bench bench-smoke fuzz
 build: shim workloads
 	$(GO) build -o bin/farmem ./cmd/farmem
 
@@ -26,6 +26,13 @@ test: build
 
 clean:
 	rm -rf bin $(SHIM)
+
+# Fuzz the memory server's frame decoding (FUZZTIME each). The tests replay the kept corpus in
+# fabric/testdata/fuzz; after a run, copy new finds there from $(GO) env GOCACHE's fuzz dir.
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run XXX -fuzz FuzzServe -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./fabric/
+	$(GO) test -run XXX -fuzz FuzzParseHeader -fuzztime $(FUZZTIME) ./fabric/
 
 # Benchmarks write to results/; not part of the tests. bench-smoke is the short CI-sized run.
 bench: build

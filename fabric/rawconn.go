@@ -1,0 +1,113 @@
+package fabric
+
+import (
+	"io"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// rawConn is a connected stream socket used with blocking syscalls on the calling thread. The
+// data path avoids Go's netpoller on purpose: a parked goroutine's wakeup costs tens of
+// microseconds here (DESIGN.md), more than a loopback round trip.
+type rawConn struct {
+	fd   int
+	iovs []unix.Iovec // scratch for readv/writev
+}
+
+// iovMax is the kernel's limit on iovecs per call (UIO_MAXIOV).
+const iovMax = 1024
+
+// setTimeout bounds every blocking send and receive (0: none). A call that times out fails
+// with EAGAIN, which the callers treat like a broken connection.
+func (c *rawConn) setTimeout(d time.Duration) error {
+	tv := unix.NsecToTimeval(d.Nanoseconds())
+	if err := unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return err
+	}
+	return unix.SetsockoptTimeval(c.fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
+}
+
+func (c *rawConn) close() error { return unix.Close(c.fd) }
+
+// readFull reads exactly len(b) bytes.
+func (c *rawConn) readFull(b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Read(c.fd, b)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return io.ErrUnexpectedEOF
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// readv fills the buffers in order, exactly.
+func (c *rawConn) readv(bufs [][]byte) error {
+	return c.vec(bufs, func(iov []unix.Iovec) (int, error) {
+		n, _, e := unix.Syscall(unix.SYS_READV, uintptr(c.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		if e != 0 {
+			return 0, e
+		}
+		if n == 0 {
+			return 0, io.ErrUnexpectedEOF
+		}
+		return int(n), nil
+	})
+}
+
+// writev writes the buffers in order, exactly.
+func (c *rawConn) writev(bufs [][]byte) error {
+	return c.vec(bufs, func(iov []unix.Iovec) (int, error) {
+		n, _, e := unix.Syscall(unix.SYS_WRITEV, uintptr(c.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		if e != 0 {
+			return 0, e
+		}
+		return int(n), nil
+	})
+}
+
+// vec runs a readv/writev-like call until every byte of bufs has moved, resuming after short
+// transfers and splitting at iovMax.
+func (c *rawConn) vec(bufs [][]byte, call func([]unix.Iovec) (int, error)) error {
+	for len(bufs) > 0 {
+		c.iovs = c.iovs[:0]
+		for _, b := range bufs[:min(len(bufs), iovMax)] {
+			if len(b) > 0 {
+				c.iovs = append(c.iovs, unix.Iovec{Base: &b[0], Len: uint64(len(b))})
+			}
+		}
+		if len(c.iovs) == 0 {
+			return nil
+		}
+		n, err := call(c.iovs)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		// Drop what moved: whole buffers, then the moved front of the next one. The caller's
+		// slice headers are rewritten in place, which is why bufs is the callee's scratch.
+		for n > 0 {
+			if n >= len(bufs[0]) {
+				n -= len(bufs[0])
+				bufs = bufs[1:]
+				continue
+			}
+			bufs[0] = bufs[0][n:]
+			n = 0
+		}
+		for len(bufs) > 0 && len(bufs[0]) == 0 {
+			bufs = bufs[1:]
+		}
+	}
+	return nil
+}

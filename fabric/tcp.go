@@ -1,0 +1,316 @@
+package fabric
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Transport is how a runtime reaches one memory server. Every method may be called from many
+// goroutines at once; each is one synchronous request (the fault path wants the answer now),
+// and concurrency comes from a few connections per server.
+type Transport interface {
+	// Instance is the server's instance id (what the ctrl's grants name).
+	Instance() string
+	Create(g *Grant) error
+	// Write stores len(addrs) pages from pages (len(addrs)*PageSize bytes).
+	Write(addrs []Addr, pages []byte) error
+	// Read fills pages (len(addrs)*PageSize bytes) with the pages at addrs.
+	Read(addrs []Addr, pages []byte) error
+	Free(slab uint64) error
+	Close() error
+}
+
+// DialConfig says who is calling and how patiently.
+type DialConfig struct {
+	Token   Token
+	Session SessionID
+	// Conns is the number of connections kept to the server (default 2): one request each at a
+	// time, so it bounds the requests in flight to one server.
+	Conns int
+	// Timeout bounds connecting and every request (default 2s). A request that times out
+	// fails, and the caller tries another replica.
+	Timeout time.Duration
+}
+
+func (c *DialConfig) defaults() {
+	if c.Conns <= 0 {
+		c.Conns = 2
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 2 * time.Second
+	}
+}
+
+// TCPClient is the tcp transport: blocking syscalls on raw sockets, one request per connection
+// at a time, each request one writev and (usually) one readv.
+type TCPClient struct {
+	addr     string
+	cfg      DialConfig
+	instance string
+	pool     chan *clientConn // Conns entries; nil: to be dialed on next use
+}
+
+// DialTCP connects to the memory server at addr and authenticates. Its errors say what is wrong
+// in a user's terms: unreachable, another protocol version, a wrong token.
+func DialTCP(addr string, cfg DialConfig) (*TCPClient, error) {
+	cfg.defaults()
+	t := &TCPClient{addr: addr, cfg: cfg, pool: make(chan *clientConn, cfg.Conns)}
+	c, err := t.dial()
+	if err != nil {
+		return nil, err
+	}
+	t.instance = c.instance
+	t.pool <- c
+	for i := 1; i < cfg.Conns; i++ {
+		t.pool <- nil
+	}
+	return t, nil
+}
+
+// Instance implements Transport.
+func (t *TCPClient) Instance() string { return t.instance }
+
+// Addr is the server's address.
+func (t *TCPClient) Addr() string { return t.addr }
+
+// Close implements Transport.
+func (t *TCPClient) Close() error {
+	for i := 0; i < t.cfg.Conns; i++ {
+		if c := <-t.pool; c != nil {
+			c.file.Close()
+		}
+	}
+	return nil
+}
+
+// clientConn is one authenticated connection.
+type clientConn struct {
+	rawConn
+	file     *os.File
+	instance string
+	id       uint64
+	hdr      [HeaderSize]byte
+	rhdr     [HeaderSize]byte
+	addrs    []byte // MaxPages*AddrSize
+	bufs     [][]byte
+}
+
+func (t *TCPClient) dial() (*clientConn, error) {
+	nc, err := net.DialTimeout("tcp", t.addr, t.cfg.Timeout)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach the memory server at %s: %w", t.addr, err)
+	}
+	f, err := nc.(*net.TCPConn).File()
+	nc.Close()
+	if err != nil {
+		return nil, err
+	}
+	c := &clientConn{file: f, addrs: make([]byte, MaxPages*AddrSize)}
+	c.fd = int(f.Fd()) // blocking from here on
+	unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	if err := c.setTimeout(t.cfg.Timeout); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := c.handshake(t.addr, t.cfg); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *clientConn) handshake(addr string, cfg DialConfig) error {
+	if err := c.readFull(c.rhdr[:]); err != nil {
+		return fmt.Errorf("memory server at %s: no challenge: %w", addr, err)
+	}
+	h, err := ParseHeader(c.rhdr[:])
+	if err != nil || h.Op != OpChallenge {
+		return fmt.Errorf("%s does not speak the farmem fabric protocol (is it a memory server?): %v", addr, err)
+	}
+	p := make([]byte, h.Len)
+	if err := c.readFull(p); err != nil {
+		return fmt.Errorf("memory server at %s: %w", addr, err)
+	}
+	ch, err := decodeChallenge(p)
+	if err != nil {
+		return fmt.Errorf("memory server at %s: %w", addr, err)
+	}
+	if ch.Version != Version {
+		return fmt.Errorf("the memory server at %s speaks fabric protocol v%d, this farmem speaks v%d: run the same farmem version on both", addr, ch.Version, Version)
+	}
+	c.instance = ch.Instance
+	hl := hello{Version: Version, Session: cfg.Session, MAC: helloMAC(cfg.Token, ch.Nonce, cfg.Session, ch.Instance)}
+	if err := c.call(OpHello, 0, [][]byte{hl.encode(nil)}, nil); err != nil {
+		var re *RemoteError
+		if errors.As(err, &re) && re.Status == StatusAuth {
+			return fmt.Errorf("the memory server at %s refused the cluster token: --token-file must be the same file on ctrl, memory servers and clients", addr)
+		}
+		return fmt.Errorf("memory server at %s: %w", addr, err)
+	}
+	return nil
+}
+
+// call sends one request (header plus payload buffers) and reads its answer into dst, which
+// must be exactly the size of a successful answer's payload.
+func (c *clientConn) call(op Op, count int, payload [][]byte, dst []byte) error {
+	c.id++
+	n := 0
+	for _, b := range payload {
+		n += len(b)
+	}
+	(&Header{Op: op, Count: uint32(count), ID: c.id, Len: uint32(n)}).Put(c.hdr[:])
+	c.bufs = append(append(c.bufs[:0], c.hdr[:]), payload...)
+	if err := c.writev(c.bufs); err != nil {
+		return err
+	}
+	return c.recv(op, dst)
+}
+
+// recv reads an answer. One readv into [header, dst] usually takes all of it; the answer is
+// the only data in flight on the connection, so a short read never takes another's bytes.
+func (c *clientConn) recv(op Op, dst []byte) error {
+	got := 0
+	for got < HeaderSize {
+		n, err := c.readvOnce(c.rhdr[got:], dst[max(got-HeaderSize, 0):])
+		if err != nil {
+			return err
+		}
+		got += n
+	}
+	h, err := ParseHeader(c.rhdr[:])
+	if err != nil {
+		return err
+	}
+	if h.ID != c.id || h.Op != op {
+		return fmt.Errorf("%w: answer %v #%d to request %v #%d", ErrMalformed, h.Op, h.ID, op, c.id)
+	}
+	have := got - HeaderSize
+	if h.Status != StatusOK {
+		msg := make([]byte, h.Len)
+		copy(msg, dst[:min(have, len(dst))])
+		if err := c.readFull(msg[min(have, len(msg)):]); err != nil {
+			return err
+		}
+		return &RemoteError{Op: op, Status: h.Status, Message: string(msg)}
+	}
+	if int(h.Len) != len(dst) {
+		return fmt.Errorf("%w: %v answer of %d bytes, want %d", ErrMalformed, op, h.Len, len(dst))
+	}
+	return c.readFull(dst[have:])
+}
+
+// readvOnce is one readv into a and b: whatever has arrived, at least one byte.
+func (c *rawConn) readvOnce(a, b []byte) (int, error) {
+	c.iovs = c.iovs[:0]
+	for _, p := range [2][]byte{a, b} {
+		if len(p) > 0 {
+			c.iovs = append(c.iovs, unix.Iovec{Base: &p[0], Len: uint64(len(p))})
+		}
+	}
+	for {
+		n, _, e := unix.Syscall(unix.SYS_READV, uintptr(c.fd), uintptr(unsafe.Pointer(&c.iovs[0])), uintptr(len(c.iovs)))
+		switch {
+		case e == unix.EINTR:
+			continue
+		case e != 0:
+			return 0, e
+		case n == 0:
+			return 0, io.ErrUnexpectedEOF
+		}
+		return int(n), nil
+	}
+}
+
+// do runs f on a pooled connection, dialing it if needed. A connection that failed is closed
+// and its place redialed on a later call.
+func (t *TCPClient) do(f func(c *clientConn) error) error {
+	c := <-t.pool
+	if c == nil {
+		var err error
+		if c, err = t.dial(); err != nil {
+			t.pool <- nil
+			return err
+		}
+	}
+	err := f(c)
+	var re *RemoteError
+	if err != nil && !errors.As(err, &re) {
+		c.file.Close()
+		t.pool <- nil
+		if err == unix.EAGAIN {
+			return fmt.Errorf("the memory server at %s did not answer within %v", t.addr, t.cfg.Timeout)
+		}
+		return fmt.Errorf("memory server at %s: %w", t.addr, err)
+	}
+	t.pool <- c
+	return err
+}
+
+// Create implements Transport.
+func (t *TCPClient) Create(g *Grant) error {
+	return t.do(func(c *clientConn) error {
+		return c.call(OpCreate, 0, [][]byte{encodeGrant(nil, g)}, nil)
+	})
+}
+
+// Free implements Transport.
+func (t *TCPClient) Free(slab uint64) error {
+	return t.do(func(c *clientConn) error {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], slab)
+		return c.call(OpFree, 0, [][]byte{b[:]}, nil)
+	})
+}
+
+// Write implements Transport.
+func (t *TCPClient) Write(addrs []Addr, pages []byte) error {
+	if err := checkPages(addrs, pages); err != nil {
+		return err
+	}
+	return t.do(func(c *clientConn) error {
+		for len(addrs) > 0 {
+			n := min(len(addrs), MaxPages)
+			a := c.addrs[:n*AddrSize]
+			PutAddrs(a, addrs[:n])
+			if err := c.call(OpWrite, n, [][]byte{a, pages[:n*PageSize]}, nil); err != nil {
+				return err
+			}
+			addrs, pages = addrs[n:], pages[n*PageSize:]
+		}
+		return nil
+	})
+}
+
+// Read implements Transport.
+func (t *TCPClient) Read(addrs []Addr, pages []byte) error {
+	if err := checkPages(addrs, pages); err != nil {
+		return err
+	}
+	return t.do(func(c *clientConn) error {
+		for len(addrs) > 0 {
+			n := min(len(addrs), MaxPages)
+			a := c.addrs[:n*AddrSize]
+			PutAddrs(a, addrs[:n])
+			if err := c.call(OpRead, n, [][]byte{a}, pages[:n*PageSize]); err != nil {
+				return err
+			}
+			addrs, pages = addrs[n:], pages[n*PageSize:]
+		}
+		return nil
+	})
+}
+
+func checkPages(addrs []Addr, pages []byte) error {
+	if len(pages) != len(addrs)*PageSize {
+		return fmt.Errorf("fabric: %d addresses for %d bytes of pages", len(addrs), len(pages))
+	}
+	return nil
+}

@@ -1,0 +1,286 @@
+// Package fabric moves 4 KiB pages between a farmem runtime and memory servers: the wire
+// protocol, the memory server, and the transports that speak it.
+//
+// # Protocol (version 1)
+//
+// Every frame is a 24-byte little-endian header and Len bytes of payload:
+//
+//	magic u16 | op u8 | status u8 | count u32 | id u64 | len u32 | reserved u32 (zero)
+//
+// A connection opens with the server's Challenge (its protocol version, a fresh nonce and its
+// instance id); the client answers with Hello (its version, its session id and the token's MAC
+// over the nonce, session and instance id), and the server accepts or refuses. The token never
+// crosses the wire. The header layout and the Challenge payload's first two bytes (the version)
+// are fixed forever, so that peers of different versions can always tell each other so.
+//
+// After the handshake the client sends requests and the server answers each, in order, echoing
+// its id: Create (a slab, with the ctrl's signed Grant), Write and Read (count pages named by
+// 12-byte addresses: slab u64, page u32; many pages per request, scatter/gather), Free (a slab).
+// An error answer carries a status and a message. A malformed frame closes the connection; the
+// server never trusts a length it has not bounded.
+//
+// A session owns the slabs it created; a request naming a slab of another session is answered
+// exactly like one naming no slab at all.
+package fabric
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Version is the fabric protocol version this build speaks.
+const Version = 1
+
+// PageSize is the unit of every read and write.
+const PageSize = 4096
+
+// HeaderSize is the size of every frame header.
+const HeaderSize = 24
+
+// AddrSize is the size of one page address on the wire.
+const AddrSize = 12
+
+// MaxPages bounds the pages of one Read or Write (4 MiB of data).
+const MaxPages = 1024
+
+// maxControlPayload bounds every payload that is not page data (handshake, grants, messages).
+const maxControlPayload = 512
+
+const magic = 0xFA4D
+
+// Op is a frame's operation.
+type Op uint8
+
+const (
+	OpChallenge Op = iota + 1 // server -> client, first frame: version, nonce, instance id
+	OpHello                   // client -> server: version, session, MAC; answered with status
+	OpCreate                  // create the slab a Grant allows
+	OpWrite                   // write count pages
+	OpRead                    // read count pages
+	OpFree                    // free a slab
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpChallenge:
+		return "challenge"
+	case OpHello:
+		return "hello"
+	case OpCreate:
+		return "create"
+	case OpWrite:
+		return "write"
+	case OpRead:
+		return "read"
+	case OpFree:
+		return "free"
+	}
+	return fmt.Sprintf("op(%d)", o)
+}
+
+// Status is an answer's outcome.
+type Status uint8
+
+const (
+	StatusOK        Status = iota
+	StatusAuth             // the MAC does not match: wrong token
+	StatusVersion          // protocol versions differ
+	StatusNoSlab           // no such slab for this session
+	StatusRange            // a page beyond the slab's end
+	StatusCapacity         // the server is full
+	StatusBadGrant         // the grant is not the ctrl's, or not for this server or session
+	StatusMalformed        // the request does not parse
+)
+
+// Header is a frame header.
+type Header struct {
+	Op     Op
+	Status Status
+	Count  uint32
+	ID     uint64
+	Len    uint32
+}
+
+// Put encodes h into b[:HeaderSize].
+func (h *Header) Put(b []byte) {
+	_ = b[HeaderSize-1]
+	binary.LittleEndian.PutUint16(b[0:], magic)
+	b[2] = byte(h.Op)
+	b[3] = byte(h.Status)
+	binary.LittleEndian.PutUint32(b[4:], h.Count)
+	binary.LittleEndian.PutUint64(b[8:], h.ID)
+	binary.LittleEndian.PutUint32(b[16:], h.Len)
+	binary.LittleEndian.PutUint32(b[20:], 0)
+}
+
+// ErrMalformed is wrapped by every decoding error.
+var ErrMalformed = errors.New("fabric: malformed frame")
+
+// ParseHeader decodes and bounds-checks a header: the payload length must fit the op.
+func ParseHeader(b []byte) (Header, error) {
+	if len(b) < HeaderSize {
+		return Header{}, fmt.Errorf("%w: %d-byte header", ErrMalformed, len(b))
+	}
+	if m := binary.LittleEndian.Uint16(b[0:]); m != magic {
+		return Header{}, fmt.Errorf("%w: bad magic %#04x (not a farmem fabric peer?)", ErrMalformed, m)
+	}
+	h := Header{Op: Op(b[2]), Status: Status(b[3]), Count: binary.LittleEndian.Uint32(b[4:]),
+		ID: binary.LittleEndian.Uint64(b[8:]), Len: binary.LittleEndian.Uint32(b[16:])}
+	if binary.LittleEndian.Uint32(b[20:]) != 0 {
+		return Header{}, fmt.Errorf("%w: reserved bits set", ErrMalformed)
+	}
+	if h.Count > MaxPages {
+		return Header{}, fmt.Errorf("%w: %d pages in one %v (at most %d)", ErrMalformed, h.Count, h.Op, MaxPages)
+	}
+	if h.Len > maxPayload(h) {
+		return Header{}, fmt.Errorf("%w: %d-byte %v payload (at most %d)", ErrMalformed, h.Len, h.Op, maxPayload(h))
+	}
+	return h, nil
+}
+
+// maxPayload is the most payload a frame with this header may carry, requests and answers.
+func maxPayload(h Header) uint32 {
+	n := h.Count
+	switch {
+	case h.Status != StatusOK:
+		return maxControlPayload
+	case h.Op == OpWrite:
+		return n * (AddrSize + PageSize) // request; its answer is empty
+	case h.Op == OpRead:
+		return max(n*AddrSize, n*PageSize)
+	case h.Op == OpChallenge || h.Op == OpHello || h.Op == OpCreate || h.Op == OpFree:
+		return maxControlPayload
+	}
+	return 0
+}
+
+// Addr names one page: a slab and a page index in it.
+type Addr struct {
+	Slab uint64
+	Page uint32
+}
+
+// PutAddrs encodes addrs into b (len(addrs)*AddrSize bytes).
+func PutAddrs(b []byte, addrs []Addr) {
+	for i, a := range addrs {
+		binary.LittleEndian.PutUint64(b[i*AddrSize:], a.Slab)
+		binary.LittleEndian.PutUint32(b[i*AddrSize+8:], a.Page)
+	}
+}
+
+// addrAt decodes the i-th address of b.
+func addrAt(b []byte, i int) Addr {
+	return Addr{Slab: binary.LittleEndian.Uint64(b[i*AddrSize:]), Page: binary.LittleEndian.Uint32(b[i*AddrSize+8:])}
+}
+
+// challenge is the server's first frame.
+type challenge struct {
+	Version  uint16
+	Nonce    [32]byte
+	Instance string
+}
+
+func (c *challenge) encode() []byte {
+	b := make([]byte, 2+32+2+len(c.Instance))
+	binary.LittleEndian.PutUint16(b, c.Version)
+	copy(b[2:], c.Nonce[:])
+	binary.LittleEndian.PutUint16(b[34:], uint16(len(c.Instance)))
+	copy(b[36:], c.Instance)
+	return b
+}
+
+func decodeChallenge(b []byte) (challenge, error) {
+	var c challenge
+	if len(b) < 2 {
+		return c, fmt.Errorf("%w: %d-byte challenge", ErrMalformed, len(b))
+	}
+	c.Version = binary.LittleEndian.Uint16(b)
+	if c.Version != Version {
+		return c, nil // the caller reports the mismatch; the rest may be laid out differently
+	}
+	if len(b) < 36 {
+		return c, fmt.Errorf("%w: %d-byte challenge", ErrMalformed, len(b))
+	}
+	copy(c.Nonce[:], b[2:34])
+	n := int(binary.LittleEndian.Uint16(b[34:]))
+	if len(b) != 36+n {
+		return c, fmt.Errorf("%w: challenge instance id of %d bytes in %d", ErrMalformed, n, len(b))
+	}
+	c.Instance = string(b[36:])
+	return c, nil
+}
+
+// hello is the client's answer to the challenge.
+type hello struct {
+	Version uint16
+	Session SessionID
+	MAC     MAC
+}
+
+const helloSize = 2 + 16 + 32
+
+func (h *hello) encode(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint16(b, h.Version)
+	b = append(b, h.Session[:]...)
+	return append(b, h.MAC[:]...)
+}
+
+func decodeHello(b []byte) (hello, error) {
+	var h hello
+	if len(b) < 2 {
+		return h, fmt.Errorf("%w: %d-byte hello", ErrMalformed, len(b))
+	}
+	h.Version = binary.LittleEndian.Uint16(b)
+	if h.Version != Version {
+		return h, nil
+	}
+	if len(b) != helloSize {
+		return h, fmt.Errorf("%w: %d-byte hello", ErrMalformed, len(b))
+	}
+	copy(h.Session[:], b[2:18])
+	copy(h.MAC[:], b[18:50])
+	return h, nil
+}
+
+// helloMAC is what a client proves the token with: bound to this connection's nonce, the
+// session it speaks for and the server it speaks to.
+func helloMAC(t Token, nonce [32]byte, s SessionID, instance string) MAC {
+	return t.MAC([]byte("hello"), nonce[:], s[:], []byte(instance))
+}
+
+// encodeGrant is a Create's payload.
+func encodeGrant(b []byte, g *Grant) []byte {
+	b = binary.LittleEndian.AppendUint64(b, g.Slab)
+	b = binary.LittleEndian.AppendUint32(b, g.Pages)
+	b = append(b, g.Session[:]...)
+	b = append(b, g.MAC[:]...)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(g.Server)))
+	return append(b, g.Server...)
+}
+
+func decodeGrant(b []byte) (Grant, error) {
+	var g Grant
+	if len(b) < 62 {
+		return g, fmt.Errorf("%w: %d-byte grant", ErrMalformed, len(b))
+	}
+	g.Slab = binary.LittleEndian.Uint64(b)
+	g.Pages = binary.LittleEndian.Uint32(b[8:])
+	copy(g.Session[:], b[12:28])
+	copy(g.MAC[:], b[28:60])
+	n := int(binary.LittleEndian.Uint16(b[60:]))
+	if len(b) != 62+n {
+		return g, fmt.Errorf("%w: grant server id of %d bytes in %d", ErrMalformed, n, len(b))
+	}
+	g.Server = string(b[62:])
+	return g, nil
+}
+
+// RemoteError is an error answer from a memory server.
+type RemoteError struct {
+	Op      Op
+	Status  Status
+	Message string
+}
+
+func (e *RemoteError) Error() string { return fmt.Sprintf("fabric: %v refused: %s", e.Op, e.Message) }
