@@ -3,6 +3,7 @@ package ctrl
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/farmem/farmem/fabric"
@@ -208,5 +209,11 @@ func FormatBytes(n uint64) string {
 	if v == float64(uint64(v)) {
 		return fmt.Sprintf("%d%s", uint64(v), units[i])
 	}
-	return fmt.Sprintf("%.1f%s", v, units[i])
+	// One decimal, more where one would round an inexact value to a whole number: 3.996GiB
+	// free is not 4.0GiB free.
+	s := fmt.Sprintf("%.1f", v)
+	for prec := 2; prec <= 3 && strings.HasSuffix(s, "0"); prec++ {
+		s = fmt.Sprintf("%.*f", prec, v)
+	}
+	return s + units[i]
 }

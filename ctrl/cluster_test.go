@@ -551,3 +551,12 @@ func TestCtrlRestoreGivesGracePeriod(t *testing.T) {
 		t.Errorf("slab id %d reused after restore", sl.ID)
 	}
 }
+
+func TestCtrlFormatBytes(t *testing.T) {
+	for n, want := range map[uint64]string{0: "0B", 4096: "4KiB", 64 << 20: "64MiB", 3 << 29: "1.5GiB",
+		8<<30 - 8<<20: "7.99GiB", 4<<30 - 4<<20: "3.996GiB", 1 << 40: "1TiB"} {
+		if got := FormatBytes(n); got != want {
+			t.Errorf("FormatBytes(%d) = %s, want %s", n, got, want)
+		}
+	}
+}

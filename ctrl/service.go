@@ -88,6 +88,12 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 			len(st.Servers), len(st.Sessions), slabs, s.cluster.cfg.DeadAfter, s.cluster.cfg.SessionTimeout)
 		s.logEvents(s.cluster.TakeEvents())
 	}
+	// Save at once: a state directory that cannot be written is found now, not at the first
+	// allocation, and whatever Restore had to repair is on disk.
+	st = s.cluster.State()
+	if err := s.store.Save(st); err != nil {
+		return nil, err
+	}
 	s.saved.Store(s.cluster.Version())
 	return s, nil
 }

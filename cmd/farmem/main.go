@@ -42,7 +42,7 @@ func main() {
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
 			return usageError{err.Error()}
 		},
-		Commands: []*cli.Command{runCommand()},
+		Commands: []*cli.Command{runCommand(), ctrlCommand(), statusCommand()},
 	}
 	err := app.Run(os.Args)
 	var ue usageError
