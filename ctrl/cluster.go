@@ -52,7 +52,9 @@ type Event struct {
 //
 // A Cluster is not safe for concurrent use; the Service serializes it under Service.mu.
 type Cluster struct {
-	cfg Config
+	cfg Config // immutable
+
+	// Every field below is guarded by Service.mu when a Service runs the cluster.
 
 	servers  map[string]*server            // by instance id, live and dead (until DeadRetention)
 	sessions map[fabric.SessionID]*session // open sessions

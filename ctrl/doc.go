@@ -19,6 +19,23 @@
 // values and Events. The edges are small and separate: the HTTP service (service.go), request
 // authentication (auth.go), persistence (store.go) and the Go client (client.go).
 //
+// The API (JSON; errors are {"error": "..."} with a status code, see the Err* kinds; every
+// request carries AuthHeader):
+//
+//	POST   /v1/servers/heartbeat              ServerReport → HeartbeatReply (410: this server instance was declared dead)
+//	POST   /v1/sessions                       {"name"} → Session
+//	POST   /v1/sessions/{id}/heartbeat        → {"generation"} (404: session closed or expired)
+//	POST   /v1/sessions/{id}/slabs            {"replicas"} → Slab (503: not enough live servers with room)
+//	GET    /v1/sessions/{id}/slabs            → SlabMap
+//	POST   /v1/sessions/{id}/slabs/{slab}/ready  {"server"} → {}
+//	DELETE /v1/sessions/{id}/slabs/{slab}     → {}
+//	DELETE /v1/sessions/{id}                  → {}
+//	GET    /v1/status                         → Status
+//
+// A session's generation moves when its slab map changes behind the client's back (a replica
+// dropped, a replacement placed, a slab lost), not for the client's own allocations, frees or
+// ReplicaReady calls: the client refetches the map only when its heartbeat shows a new one.
+//
 // The ctrl is not on the fault path: clients cache their slab map and allocate ahead of need,
 // and memory servers check the ctrl's signed grants themselves.
 package ctrl
