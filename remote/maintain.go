@@ -1,0 +1,268 @@
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/ctrl"
+	"github.com/farmem/farmem/fabric"
+)
+
+// allocate asks the ctrl for a slab and creates it on its replicas. A replica whose server
+// cannot be reached is left out: the ctrl may not have noticed yet that the server died, and
+// once it does it places a replacement, which maintain fills. With no replica created at all the
+// slab is given back and another asked for, until the ctx ends.
+func (s *Store) allocate(ctx context.Context) (*slab, error) {
+	s.growMu.Lock()
+	defer s.growMu.Unlock()
+	for {
+		cs, err := s.ctrl.AllocSlab(ctx, s.session.ID, s.cfg.Replicas)
+		if err != nil {
+			return nil, fmt.Errorf("no room for evicted pages in the cluster: %w", err)
+		}
+		sl := newSlab(cs.ID, cs.Pages)
+		var errs []string
+		for _, r := range cs.Replicas {
+			srv := s.servers.get(r.Server, r.Addr)
+			if err := s.create(srv, &r.Grant); err != nil {
+				errs = append(errs, err.Error())
+				continue
+			}
+			sl.replicas = append(sl.replicas, &replica{srv: srv, ready: true})
+		}
+		if len(sl.replicas) > 0 {
+			if len(errs) > 0 {
+				s.cfg.Logf("farmem: slab %d placed with %d of %d copies for now: %s", cs.ID, len(sl.replicas), len(cs.Replicas), strings.Join(errs, "; "))
+			}
+			return sl, nil
+		}
+		s.ctrl.FreeSlab(ctx, s.session.ID, cs.ID)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("no memory server could take a slab: %s", strings.Join(errs, "; "))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (s *Store) create(srv *server, g *fabric.Grant) error {
+	t, err := srv.transport()
+	if err != nil {
+		return err
+	}
+	if err := t.Create(g); err != nil {
+		return srv.failed(fmt.Errorf("memory server at %s: %w", srv.addr, err))
+	}
+	return nil
+}
+
+// maintain keeps the session alive, keeps a spare slab ready so that no eviction waits on the
+// ctrl, and follows the slab map: replicas dropped with a dead server, replacements to fill,
+// slabs lost.
+func (s *Store) maintain() {
+	defer s.done.Done()
+	interval := s.session.Interval()
+	if interval <= 0 {
+		interval = ctrl.SessionInterval
+	}
+	// Look for map changes more often than the session must heartbeat: a replacement replica
+	// placed a little sooner is a shorter window with one copy fewer.
+	tick := time.NewTicker(min(interval, 250*time.Millisecond))
+	defer tick.Stop()
+	var gen uint64
+	var ctrlErr error
+	for {
+		s.keepSpare()
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		g, err := s.ctrl.SessionHeartbeat(ctx, s.session.ID)
+		if err == nil && g != gen {
+			var slabs []ctrl.Slab
+			if g, slabs, err = s.ctrl.Slabs(ctx, s.session.ID); err == nil {
+				s.apply(slabs)
+				gen = g
+			}
+		}
+		cancel()
+		switch {
+		case errors.Is(err, ctrl.ErrNotFound):
+			s.reportLost(fmt.Errorf("the ctrl at %s ended this session (it did not hear from us in time): its pages on the memory servers are being freed", s.cfg.Ctrl))
+			return
+		case err != nil && ctrlErr == nil:
+			s.cfg.Logf("farmem: lost contact with the ctrl (pages in memory servers stay served; no failover until it is back): %v", err)
+		case err == nil && ctrlErr != nil:
+			s.cfg.Logf("farmem: the ctrl at %s is back", s.cfg.Ctrl)
+		}
+		ctrlErr = err
+	}
+}
+
+// keepSpare allocates the next slab once none is spare and the current ones are half used.
+func (s *Store) keepSpare() {
+	if len(s.spare) > 0 {
+		return
+	}
+	s.mu.Lock()
+	var total, used uint64
+	for _, sl := range s.slabs {
+		total += uint64(sl.pages)
+		used += uint64(sl.used)
+	}
+	used -= uint64(len(s.free))
+	s.mu.Unlock()
+	if used*2 < total {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	sl, err := s.allocate(ctx)
+	if err != nil {
+		s.cfg.Logf("farmem: could not allocate a spare slab ahead of need: %v", err)
+		return
+	}
+	s.spare <- sl
+}
+
+// apply brings our slabs in line with the ctrl's map.
+func (s *Store) apply(slabs []ctrl.Slab) {
+	s.mu.Lock()
+	mine := make(map[uint64]*slab, len(s.slabs)+1)
+	for _, sl := range s.slabs {
+		mine[sl.id] = sl
+	}
+	s.mu.Unlock()
+	select {
+	case sl := <-s.spare:
+		mine[sl.id] = sl
+		s.spare <- sl
+	default:
+	}
+	for _, cs := range slabs {
+		sl := mine[cs.ID]
+		if sl == nil {
+			continue
+		}
+		if cs.Lost {
+			err := fmt.Errorf("pages lost: every copy of slab %d is gone with memory server(s) %s", cs.ID, strings.Join(cs.LostServers, ", "))
+			sl.mu.Lock()
+			sl.lost = err
+			sl.mu.Unlock()
+			s.reportLost(err)
+			continue
+		}
+		s.applySlab(sl, cs)
+	}
+}
+
+// applySlab drops the replicas the ctrl no longer lists and adds (then fills) the new ones.
+func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
+	listed := map[string]ctrl.Replica{}
+	for _, r := range cs.Replicas {
+		listed[r.Server] = r
+	}
+	sl.mu.Lock()
+	have := map[string]bool{}
+	kept := sl.replicas[:0]
+	for _, r := range sl.replicas {
+		if _, ok := listed[r.srv.id]; ok {
+			kept = append(kept, r)
+			have[r.srv.id] = true
+		}
+	}
+	sl.replicas = kept
+	sl.mu.Unlock()
+	for _, r := range cs.Replicas {
+		if have[r.Server] || r.State != ctrl.Rebuilding {
+			continue
+		}
+		srv := s.servers.get(r.Server, r.Addr)
+		if err := s.create(srv, &r.Grant); err != nil {
+			s.cfg.Logf("farmem: cannot create replacement copy of slab %d on %s: %v", cs.ID, r.Addr, err)
+			continue
+		}
+		// From here on every Store of this slab writes the new copy too; the pages stored
+		// before are copied below.
+		nr := &replica{srv: srv}
+		sl.mu.Lock()
+		sl.replicas = append(sl.replicas, nr)
+		sl.mu.Unlock()
+		s.done.Add(1)
+		go func() {
+			defer s.done.Done()
+			if err := s.rebuild(sl, nr); err != nil {
+				s.cfg.Logf("farmem: filling the replacement copy of slab %d on %s failed: %v", sl.id, srv.addr, err)
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := s.ctrl.ReplicaReady(ctx, s.session.ID, sl.id, srv.id); err != nil {
+				s.cfg.Logf("farmem: telling the ctrl slab %d is whole again: %v", sl.id, err)
+			}
+		}()
+	}
+}
+
+// rebuildChunk is how many pages one copy step moves while it keeps the slab's Stores out.
+const rebuildChunk = 256
+
+// rebuild copies every page handed out so far from a ready copy to nr, chunk by chunk, each
+// under the slab's write lock: a Store of those pages either finished before the chunk is read
+// (and is copied) or starts after it is written (and writes nr itself). Pages handed out after
+// `used` is read below are written to nr by their Stores, since nr was added first.
+func (s *Store) rebuild(sl *slab, nr *replica) error {
+	s.mu.Lock()
+	used := sl.used
+	s.mu.Unlock()
+	buf := make([]byte, rebuildChunk*backend.PageSize)
+	addrs := make([]fabric.Addr, rebuildChunk)
+	for off := uint32(0); off < used; off += rebuildChunk {
+		select {
+		case <-s.stop:
+			return errClosed
+		default:
+		}
+		n := min(rebuildChunk, int(used-off))
+		for i := range n {
+			addrs[i] = fabric.Addr{Slab: sl.id, Page: off + uint32(i)}
+		}
+		if err := s.copyChunk(sl, nr, addrs[:n], buf[:n*backend.PageSize]); err != nil {
+			return err
+		}
+	}
+	sl.mu.Lock()
+	nr.ready = true
+	sl.mu.Unlock()
+	return nil
+}
+
+func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte) error {
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	var err error
+	for _, r := range sl.replicas {
+		if !r.ready {
+			continue
+		}
+		var t fabric.Transport
+		if t, err = r.srv.transport(); err != nil {
+			continue
+		}
+		if err = t.Read(addrs, buf); err != nil {
+			r.srv.failed(err)
+			continue
+		}
+		return nr.srv.write(addrs, buf)
+	}
+	if err == nil {
+		err = errors.New("no ready copy to copy from")
+	}
+	return err
+}

@@ -1,0 +1,116 @@
+package remote
+
+import (
+	"fmt"
+	"hash/crc32"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/fabric"
+)
+
+// slab is one of the session's slabs and its copies.
+type slab struct {
+	id    uint64
+	pages uint32
+	used  uint32 // protected by Store.mu: slots handed out so far (slot pages below it)
+
+	// mu is held for reading by every Store write to the slab and for writing by each chunk of a
+	// rebuild copy, so a copy never interleaves with a write of the same pages (rebuild.go).
+	mu       sync.RWMutex
+	replicas []*replica // protected by mu
+	lost     error      // protected by mu; set when the ctrl says no copy is left
+
+	// sums holds each page's CRC-32C as last stored. A page is read only after the Store that
+	// wrote it returned, so a slot's sum is stable while anyone reads it.
+	sums []atomic.Uint32
+}
+
+// replica is a copy of a slab on one server.
+type replica struct {
+	srv   *server
+	ready bool // false while it is being filled (rebuild): written to, never read from
+}
+
+func newSlab(id uint64, pages uint32) *slab {
+	return &slab{id: id, pages: pages, sums: make([]atomic.Uint32, pages)}
+}
+
+// write stores data (whole pages from page first on) on every replica, in parallel. It
+// succeeds when at least one ready copy took it: a server that fails is not used again, and
+// the ctrl restores the replica count once it declares that server dead.
+func (sl *slab) write(s *Store, first uint32, data []byte) error {
+	n := len(data) / backend.PageSize
+	addrs := make([]fabric.Addr, n)
+	for i := range addrs {
+		addrs[i] = fabric.Addr{Slab: sl.id, Page: first + uint32(i)}
+		sl.sums[first+uint32(i)].Store(crc32.Checksum(data[i*backend.PageSize:(i+1)*backend.PageSize], crcTable))
+	}
+	sl.mu.RLock()
+	defer sl.mu.RUnlock()
+	if sl.lost != nil {
+		return sl.lost
+	}
+	if len(sl.replicas) == 0 {
+		return fmt.Errorf("remote: no copy of slab %d is left to write", sl.id)
+	}
+	errs := make([]error, len(sl.replicas))
+	var wg sync.WaitGroup
+	for i, r := range sl.replicas[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i+1] = r.srv.write(addrs, data)
+		}()
+	}
+	errs[0] = sl.replicas[0].srv.write(addrs, data)
+	wg.Wait()
+	var msgs []string
+	for i, r := range sl.replicas {
+		if errs[i] == nil && r.ready {
+			return nil
+		}
+		if errs[i] != nil {
+			msgs = append(msgs, errs[i].Error())
+		}
+	}
+	return fmt.Errorf("remote: no copy of slab %d could be written: %s", sl.id, strings.Join(msgs, "; "))
+}
+
+// read fills dst with a page from the fastest ready copy whose bytes match the page's sum,
+// trying the others in turn.
+func (sl *slab) read(s *Store, pg uint32, dst []byte) error {
+	sl.mu.RLock()
+	lost := sl.lost
+	var cand [4]*server
+	order := cand[:0]
+	for _, r := range sl.replicas {
+		if r.ready {
+			order = append(order, r.srv)
+		}
+	}
+	sl.mu.RUnlock()
+	if lost != nil {
+		return lost
+	}
+	sortByPreference(order)
+	want := sl.sums[pg].Load()
+	var msgs []string
+	for _, srv := range order {
+		err := srv.read(fabric.Addr{Slab: sl.id, Page: pg}, dst)
+		if err == nil {
+			if crc32.Checksum(dst, crcTable) == want {
+				return nil
+			}
+			srv.corrupt.Add(1)
+			err = fmt.Errorf("memory server %s returned page %d of slab %d with a wrong checksum", srv.addr, pg, sl.id)
+		}
+		msgs = append(msgs, err.Error())
+	}
+	if len(order) == 0 {
+		msgs = append(msgs, "no ready copy")
+	}
+	return fmt.Errorf("remote: page %d of slab %d cannot be read from any copy: %s", pg, sl.id, strings.Join(msgs, "; "))
+}

@@ -1,0 +1,243 @@
+// Package remote is the cluster-backed store: evicted pages live on memory servers, in slabs
+// the ctrl places, each written to every replica and read from the fastest healthy one, with a
+// checksum the client keeps for every page so that a server returning a wrong page is caught
+// and another replica used.
+//
+// Lock order: Store.mu, then slab.mu, then server.mu. Network I/O never happens under
+// Store.mu: it only hands out and takes back slots.
+//
+// A slot names a page of a slab: the slab's index in Store.slabs (plus one; zero is never a
+// slot) in the high 32 bits, the page in the low. Slots are written once, by Store, and read
+// until freed; a freed slot is reused only by a later Store, which writes every replica again.
+// That write-once rule is what makes copying a slab to a new replica safe while the program
+// runs (rebuild.go).
+package remote
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/ctrl"
+	"github.com/farmem/farmem/fabric"
+)
+
+// Config says where the cluster is and how to use it.
+type Config struct {
+	Ctrl     string       // the ctrl's address
+	Token    fabric.Token // the cluster token
+	Replicas int          // copies of every page (default 1)
+	Name     string       // the session's name in `farmem status`
+	// Dial reaches a memory server (default: fabric.DialTCP).
+	Dial func(addr string, cfg fabric.DialConfig) (fabric.Transport, error)
+	// Timeout bounds each request to a memory server (default 1s): past it, the next replica
+	// is tried and the server is not used again.
+	Timeout time.Duration
+	Logf    func(format string, args ...any)
+}
+
+// Store implements backend.Backend on memory servers.
+type Store struct {
+	cfg     Config
+	ctrl    *ctrl.Client
+	session ctrl.Session
+	servers *servers
+
+	mu     sync.Mutex
+	slabs  []*slab         // protected by mu; append-only, index+1 is the slot's high half
+	free   []backend.Slot  // protected by mu; freed slots, reused first
+	next   int             // protected by mu; index of the slab new slots come from
+	spare  chan *slab      // a slab allocated ahead of need (capacity 1)
+	growMu sync.Mutex      // one allocation at a time
+	stored atomic.Int64    // slots in use
+	lost   chan error      // receives the first loss of pages; capacity 1
+	closed atomic.Bool
+	stop   chan struct{}
+	done   sync.WaitGroup
+}
+
+// crcTable is Castagnoli: hardware-accelerated on every machine farmem runs on.
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// Open starts a session with the ctrl and allocates the first slab, so that a misconfigured
+// cluster (no ctrl, no servers, wrong token) fails before the program starts.
+func Open(cfg Config) (*Store, error) {
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	if cfg.Dial == nil {
+		cfg.Dial = func(addr string, c fabric.DialConfig) (fabric.Transport, error) { return fabric.DialTCP(addr, c) }
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = func(string, ...any) {}
+	}
+	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token), spare: make(chan *slab, 1),
+		lost: make(chan error, 1), stop: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	sess, err := s.ctrl.OpenSession(ctx, cfg.Name)
+	if err != nil {
+		return nil, err
+	}
+	s.session = sess
+	s.servers = newServers(fabric.DialConfig{Token: cfg.Token, Session: sess.ID, Timeout: cfg.Timeout}, cfg.Dial)
+	first, err := s.allocate(ctx)
+	if err != nil {
+		s.ctrl.CloseSession(ctx, sess.ID)
+		s.servers.close()
+		return nil, err
+	}
+	s.slabs = append(s.slabs, first)
+	s.done.Add(1)
+	go s.maintain()
+	return s, nil
+}
+
+// Session is the ctrl's session id for this store.
+func (s *Store) Session() fabric.SessionID { return s.session.ID }
+
+// Lost delivers the first error that means pages are gone for good (every replica of a slab
+// lost): the runtime stops the program with it rather than wait for a fault to find out.
+func (s *Store) Lost() <-chan error { return s.lost }
+
+func (s *Store) reportLost(err error) {
+	select {
+	case s.lost <- err:
+	default:
+	}
+}
+
+// take hands out n slots, growing into new slabs as needed.
+func (s *Store) take(slots []backend.Slot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range slots {
+		if n := len(s.free); n > 0 {
+			slots[i] = s.free[n-1]
+			s.free = s.free[:n-1]
+			continue
+		}
+		for s.slabs[s.next].used >= s.slabs[s.next].pages {
+			if s.next+1 < len(s.slabs) {
+				s.next++
+				continue
+			}
+			sl, err := s.grow()
+			if err != nil {
+				s.giveBack(slots[:i])
+				return err
+			}
+			s.slabs = append(s.slabs, sl)
+			s.next = len(s.slabs) - 1
+		}
+		sl := s.slabs[s.next]
+		slots[i] = backend.Slot(uint64(s.next+1)<<32 | uint64(sl.used))
+		sl.used++
+	}
+	return nil
+}
+
+// grow returns the spare slab, or allocates one now if none is ready. Called with mu held: the
+// wait (a ctrl round trip and creates on the servers) is rare, because maintain keeps a spare.
+func (s *Store) grow() (*slab, error) {
+	select {
+	case sl := <-s.spare:
+		return sl, nil
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	return s.allocate(ctx)
+}
+
+func (s *Store) giveBack(slots []backend.Slot) { s.free = append(s.free, slots...) }
+
+// slot resolves a slot to its slab and page.
+func (s *Store) slot(sl backend.Slot) (*slab, uint32, error) {
+	i := int(uint64(sl)>>32) - 1
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i < 0 || i >= len(s.slabs) || uint32(sl) >= s.slabs[i].pages {
+		return nil, 0, fmt.Errorf("%w %d", backend.ErrUnknownSlot, sl)
+	}
+	return s.slabs[i], uint32(sl), nil
+}
+
+// Store implements backend.Backend: the pages go to every replica of their slabs.
+func (s *Store) Store(src []byte, slots []backend.Slot) error {
+	n := len(src) / backend.PageSize
+	if n*backend.PageSize != len(src) || len(slots) < n {
+		return fmt.Errorf("remote: Store of %d bytes into %d slots", len(src), len(slots))
+	}
+	if err := s.take(slots[:n]); err != nil {
+		return err
+	}
+	// Runs of consecutive slots in one slab go in one request per replica.
+	for i := 0; i < n; {
+		sl, pg, err := s.slot(slots[i])
+		if err != nil {
+			return err
+		}
+		j := i + 1
+		for j < n && slots[j] == slots[j-1]+1 && uint32(slots[j]) != 0 {
+			j++
+		}
+		if err := sl.write(s, pg, src[i*backend.PageSize:j*backend.PageSize]); err != nil {
+			s.mu.Lock()
+			s.giveBack(slots[:n])
+			s.mu.Unlock()
+			return err
+		}
+		i = j
+	}
+	s.stored.Add(int64(n))
+	return nil
+}
+
+// Load implements backend.Backend.
+func (s *Store) Load(slot backend.Slot, dst []byte) error {
+	sl, pg, err := s.slot(slot)
+	if err != nil {
+		return err
+	}
+	return sl.read(s, pg, dst[:backend.PageSize])
+}
+
+// Free implements backend.Backend. It is local: the slot is reused by a later Store, which
+// overwrites it on every replica; the servers are not told.
+func (s *Store) Free(slots ...backend.Slot) {
+	s.mu.Lock()
+	s.free = append(s.free, slots...)
+	s.mu.Unlock()
+	s.stored.Add(-int64(len(slots)))
+}
+
+// Stored implements backend.Backend.
+func (s *Store) Stored() int { return int(s.stored.Load()) }
+
+// StoredBytes implements backend.Backend: the bytes of one copy.
+func (s *Store) StoredBytes() int64 { return s.stored.Load() * backend.PageSize }
+
+// Close ends the session: the ctrl releases the slabs and tells their servers to free them.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.stop)
+	s.done.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.ctrl.CloseSession(ctx, s.session.ID)
+	s.servers.close()
+	return err
+}
+
+var errClosed = errors.New("remote: store is closed")
