@@ -44,6 +44,10 @@ type Target interface {
 	// WakeIfWaiting tells the process's fault thread that a batch finished: faults waiting
 	// for room, or for a page's drop to complete, can go on.
 	WakeIfWaiting()
+	// Hold keeps the process's uffd open (and its number ours) until Release; false if the
+	// process is retired already. A batch runs between the two.
+	Hold() bool
+	Release()
 }
 
 // BatchPages is how many pages one eviction batch takes at most.
@@ -184,6 +188,10 @@ func retryEAGAIN(f func() error) error {
 var ErrGone = errors.New("process gone")
 
 func (e *Evictor) evictBatch(t Target, want int) error {
+	if !t.Hold() {
+		return nil
+	}
+	defer t.Release()
 	start := time.Now()
 	tb := t.Table()
 	fd := t.UFFD()

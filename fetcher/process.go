@@ -55,7 +55,25 @@ type Process struct {
 
 	done     chan struct{} // closed when the fault thread has exited
 	failOnce sync.Once
+
+	// life is held for reading by each eviction batch (Hold) and for writing by retire while
+	// it closes fd, stop and room: a batch never issues an ioctl on a closed (or reused) fd.
+	life    sync.RWMutex
+	retired bool // protected by life
 }
+
+// Hold implements evictor.Target.
+func (p *Process) Hold() bool {
+	p.life.RLock()
+	if p.retired {
+		p.life.RUnlock()
+		return false
+	}
+	return true
+}
+
+// Release implements evictor.Target.
+func (p *Process) Release() { p.life.RUnlock() }
 
 func newProcess(rt *Runtime, fd int, table *pagetable.PageTable) (*Process, error) {
 	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
@@ -206,9 +224,10 @@ func (p *Process) forgetRange(start, end uint64) {
 
 // WakeIfWaiting implements evictor.Target: the evictor made room or finished a drop.
 func (p *Process) WakeIfWaiting() {
-	if p.waiting.Load() {
+	if p.waiting.Load() && p.Hold() {
 		var one = [8]byte{1}
 		unix.Write(p.room, one[:])
+		p.Release()
 	}
 }
 

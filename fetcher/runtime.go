@@ -123,6 +123,15 @@ func (rt *Runtime) noteFailure(err error) {
 	rt.mu.Unlock()
 }
 
+// Fail stops every process of the run: the backend has lost pages they may need (a memory
+// server died with the only copy), and no process may run on without them.
+func (rt *Runtime) Fail(err error) {
+	rt.noteFailure(err)
+	for _, t := range rt.targets() {
+		t.(*Process).Fail(err)
+	}
+}
+
 // Failure returns the first error that made the runtime stop a process.
 func (rt *Runtime) Failure() error {
 	rt.mu.Lock()
@@ -281,12 +290,15 @@ func (rt *Runtime) retire(p *Process) {
 		p.agent.Close()
 	}
 	p.agentMu.Unlock()
+	p.life.Lock()
+	p.retired = true
 	p.table.Lock()
 	p.table.Clear()
 	p.table.Unlock()
 	unix.Close(p.fd)
 	unix.Close(p.stop)
 	unix.Close(p.room)
+	p.life.Unlock()
 }
 
 func (rt *Runtime) retireLater(c *Process) {

@@ -58,6 +58,15 @@ func Run(o Options) (int, error) {
 	rt := fetcher.NewRuntime(o.LocalMem/fetcher.PageSize, o.Backend)
 	defer rt.Close()
 	go acceptLoop(ln, rt)
+	if l, ok := o.Backend.(interface{ Lost() <-chan error }); ok {
+		// A store that can lose pages (memory servers) says so at once: the program is stopped
+		// then, not when it next touches a lost page.
+		go func() {
+			if err, ok := <-l.Lost(); ok {
+				rt.Fail(err)
+			}
+		}()
+	}
 
 	cmd := exec.Command(o.Argv[0], o.Argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr

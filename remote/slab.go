@@ -38,15 +38,14 @@ func newSlab(id uint64, pages uint32) *slab {
 	return &slab{id: id, pages: pages, sums: make([]atomic.Uint32, pages)}
 }
 
-// write stores data (whole pages from page first on) on every replica, in parallel. It
+// write stores data (one page for each of pages) on every replica, in parallel. It
 // succeeds when at least one ready copy took it: a server that fails is not used again, and
 // the ctrl restores the replica count once it declares that server dead.
-func (sl *slab) write(s *Store, first uint32, data []byte) error {
-	n := len(data) / backend.PageSize
-	addrs := make([]fabric.Addr, n)
-	for i := range addrs {
-		addrs[i] = fabric.Addr{Slab: sl.id, Page: first + uint32(i)}
-		sl.sums[first+uint32(i)].Store(crc32.Checksum(data[i*backend.PageSize:(i+1)*backend.PageSize], crcTable))
+func (sl *slab) write(pages []uint32, data []byte) error {
+	addrs := make([]fabric.Addr, len(pages))
+	for i, pg := range pages {
+		addrs[i] = fabric.Addr{Slab: sl.id, Page: pg}
+		sl.sums[pg].Store(crc32.Checksum(data[i*backend.PageSize:(i+1)*backend.PageSize], crcTable))
 	}
 	sl.mu.RLock()
 	defer sl.mu.RUnlock()
@@ -81,7 +80,7 @@ func (sl *slab) write(s *Store, first uint32, data []byte) error {
 
 // read fills dst with a page from the fastest ready copy whose bytes match the page's sum,
 // trying the others in turn.
-func (sl *slab) read(s *Store, pg uint32, dst []byte) error {
+func (sl *slab) read(pg uint32, dst []byte) error {
 	sl.mu.RLock()
 	lost := sl.lost
 	var cand [4]*server

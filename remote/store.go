@@ -49,13 +49,13 @@ type Store struct {
 	servers *servers
 
 	mu     sync.Mutex
-	slabs  []*slab         // protected by mu; append-only, index+1 is the slot's high half
-	free   []backend.Slot  // protected by mu; freed slots, reused first
-	next   int             // protected by mu; index of the slab new slots come from
-	spare  chan *slab      // a slab allocated ahead of need (capacity 1)
-	growMu sync.Mutex      // one allocation at a time
-	stored atomic.Int64    // slots in use
-	lost   chan error      // receives the first loss of pages; capacity 1
+	slabs  []*slab        // protected by mu; append-only, index+1 is the slot's high half
+	free   []backend.Slot // protected by mu; freed slots, reused first
+	next   int            // protected by mu; index of the slab new slots come from
+	spare  chan *slab     // a slab allocated ahead of need (capacity 1)
+	growMu sync.Mutex     // one allocation at a time
+	stored atomic.Int64   // slots in use
+	lost   chan error     // receives the first loss of pages; capacity 1
 	closed atomic.Bool
 	stop   chan struct{}
 	done   sync.WaitGroup
@@ -180,23 +180,40 @@ func (s *Store) Store(src []byte, slots []backend.Slot) error {
 	if err := s.take(slots[:n]); err != nil {
 		return err
 	}
-	// Runs of consecutive slots in one slab go in one request per replica.
-	for i := 0; i < n; {
-		sl, pg, err := s.slot(slots[i])
+	// One request per slab and replica, whatever the order of the slots: reused slots come
+	// from the free list in any order, and a round trip per run would cost far more than the
+	// copy that gathers a slab's pages together.
+	bySlab := map[*slab][]int{}
+	var order []*slab
+	for i := 0; i < n; i++ {
+		sl, _, err := s.slot(slots[i])
 		if err != nil {
 			return err
 		}
-		j := i + 1
-		for j < n && slots[j] == slots[j-1]+1 && uint32(slots[j]) != 0 {
-			j++
+		if bySlab[sl] == nil {
+			order = append(order, sl)
 		}
-		if err := sl.write(s, pg, src[i*backend.PageSize:j*backend.PageSize]); err != nil {
+		bySlab[sl] = append(bySlab[sl], i)
+	}
+	for _, sl := range order {
+		idx := bySlab[sl]
+		pages := make([]uint32, len(idx))
+		data := src
+		if len(idx) != n {
+			data = make([]byte, len(idx)*backend.PageSize)
+		}
+		for j, i := range idx {
+			pages[j] = uint32(slots[i])
+			if len(idx) != n {
+				copy(data[j*backend.PageSize:], src[i*backend.PageSize:(i+1)*backend.PageSize])
+			}
+		}
+		if err := sl.write(pages, data[:len(idx)*backend.PageSize]); err != nil {
 			s.mu.Lock()
 			s.giveBack(slots[:n])
 			s.mu.Unlock()
 			return err
 		}
-		i = j
 	}
 	s.stored.Add(int64(n))
 	return nil
@@ -208,7 +225,7 @@ func (s *Store) Load(slot backend.Slot, dst []byte) error {
 	if err != nil {
 		return err
 	}
-	return sl.read(s, pg, dst[:backend.PageSize])
+	return sl.read(pg, dst[:backend.PageSize])
 }
 
 // Free implements backend.Backend. It is local: the slot is reused by a later Store, which

@@ -9,13 +9,16 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/ctrl"
 	"github.com/farmem/farmem/launcher"
+	"github.com/farmem/farmem/remote"
 	"github.com/farmem/farmem/uffd"
 )
 
@@ -42,7 +45,7 @@ func main() {
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
 			return usageError{err.Error()}
 		},
-		Commands: []*cli.Command{runCommand(), ctrlCommand(), statusCommand()},
+		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand()},
 	}
 	err := app.Run(os.Args)
 	var ue usageError
@@ -74,6 +77,9 @@ func runCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too (redis pages: lz4 7x, zstd 9x smaller), at a cost: at a 25% cap, lz4 gave\n\t0.65-1.0x and zstd 0.6-0.8x of none's throughput here (results/redis.md)"},
+			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
+			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
+			ctrlTokenFlag(),
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
@@ -108,6 +114,13 @@ func runCommand() *cli.Command {
 			if codec != nil {
 				store = backend.NewCompressed(codec)
 			}
+			if c.IsSet("ctrl") {
+				if store, err = openRemote(c, argv); err != nil {
+					return err
+				}
+			} else if c.IsSet("replicas") || c.IsSet("token-file") {
+				return usagef("--replicas and --token-file apply to memory servers: give --ctrl HOST:PORT too")
+			}
 			defer store.Close()
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet")})
 			if err != nil {
@@ -119,6 +132,30 @@ func runCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// openRemote starts a session with the ctrl; a cluster that cannot take pages fails here,
+// before the program starts.
+func openRemote(c *cli.Context, argv []string) (backend.Backend, error) {
+	if c.IsSet("compress") {
+		return nil, usagef("--compress applies to the embedded store; memory servers keep pages as they are")
+	}
+	r := c.Int("replicas")
+	if r < 1 || r > ctrl.MaxReplicas {
+		return nil, usagef("--replicas %d: give 1 to %d", r, ctrl.MaxReplicas)
+	}
+	tok, err := ctrlLoadToken(c)
+	if err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	s, err := remote.Open(remote.Config{Ctrl: c.String("ctrl"), Token: tok, Replicas: r,
+		Name: fmt.Sprintf("%s pid %d %s", host, os.Getpid(), filepath.Base(argv[0])),
+		Logf: func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }})
+	if err != nil {
+		return nil, cli.Exit("farmem: "+err.Error(), 1)
+	}
+	return s, nil
 }
 
 // checkProgram resolves the program and refuses what the preload shim cannot enter.

@@ -1,0 +1,264 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/farmem/farmem/ctrl"
+	"github.com/farmem/farmem/fabric"
+)
+
+// netCluster is a ctrl in the root network namespace and memory servers each in a network
+// namespace of its own, joined to the root by a veth pair: separate hosts as far as the
+// network goes, so a link can be cut (`ip link set down`) as well as a process killed.
+// Traffic stays inside namespaces the test created: 10.77.0.1 (the ctrl, on the root's lo)
+// and 10.77.N.1/10.77.N.2 (root and server N ends of veth N).
+type netCluster struct {
+	t       *testing.T
+	tag     string // unique per test: names of namespaces and links
+	token   string // token file
+	ctrl    string // ctrl address
+	servers []*netServer
+}
+
+type netServer struct {
+	ns, link, addr string
+	cmd            *exec.Cmd
+	log            *bytes.Buffer
+}
+
+func ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+func newNetCluster(t *testing.T, servers int) *netCluster {
+	if os.Getuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Fatal("the multi-host tests need iproute2's ip (apt-get install iproute2)")
+	}
+	c := &netCluster{t: t, tag: fmt.Sprintf("fm%d", os.Getpid()%10000)}
+	dir := t.TempDir()
+	c.token = filepath.Join(dir, "token")
+	os.WriteFile(c.token, []byte("cluster-test-token-0123456789abcdef\n"), 0o600)
+	// The ctrl's address lives on the root namespace's lo (this kernel has no dummy links), so
+	// it stays reachable from every server whichever link is cut.
+	ip(t, "addr", "add", "10.77.0.1/32", "dev", "lo")
+	t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.77.0.1/32", "dev", "lo").Run() })
+	c.ctrl = fmt.Sprintf("10.77.0.1:%d", freePort(t))
+	cmd := exec.Command(farmemBin(t), "ctrl", "--listen", c.ctrl, "--state", filepath.Join(dir, "ctrl"),
+		"--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s")
+	var clog bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &clog, &clog
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Logf("ctrl log:\n%s", clog.String())
+	})
+	for i := 1; i <= servers; i++ {
+		c.addServer(i)
+	}
+	c.waitStatus("every server healthy", func(st ctrl.Status) bool {
+		n := 0
+		for _, s := range st.Servers {
+			if s.Healthy {
+				n++
+			}
+		}
+		return n == servers
+	})
+	return c
+}
+
+func (c *netCluster) addServer(i int) {
+	t := c.t
+	s := &netServer{ns: fmt.Sprintf("%ss%d", c.tag, i), link: fmt.Sprintf("%sv%d", c.tag, i),
+		addr: fmt.Sprintf("10.77.%d.2:7070", i), log: &bytes.Buffer{}}
+	ip(t, "netns", "add", s.ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.ns).Run() })
+	ip(t, "link", "add", s.link, "type", "veth", "peer", "name", "eth0", "netns", s.ns)
+	t.Cleanup(func() { exec.Command("ip", "link", "del", s.link).Run() })
+	ip(t, "addr", "add", fmt.Sprintf("10.77.%d.1/24", i), "dev", s.link)
+	ip(t, "link", "set", s.link, "up")
+	ip(t, "-n", s.ns, "addr", "add", fmt.Sprintf("10.77.%d.2/24", i), "dev", "eth0")
+	ip(t, "-n", s.ns, "link", "set", "eth0", "up")
+	ip(t, "-n", s.ns, "link", "set", "lo", "up")
+	ip(t, "-n", s.ns, "route", "add", "default", "via", fmt.Sprintf("10.77.%d.1", i))
+	s.cmd = exec.Command("ip", "netns", "exec", s.ns, farmemBin(t), "memserver", "--listen", s.addr,
+		"--capacity", "512MiB", "--ctrl", c.ctrl, "--token-file", c.token)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+		t.Logf("memserver %s log:\n%s", s.addr, s.log.String())
+	})
+	c.servers = append(c.servers, s)
+}
+
+// kill crashes a memory server (kill -9: its memory and connections go at once).
+func (s *netServer) kill() { s.cmd.Process.Signal(syscall.SIGKILL) }
+
+// cut takes the server's link down: the process lives on, unreachable.
+func (c *netCluster) cut(s *netServer) { ip(c.t, "link", "set", s.link, "down") }
+
+func (c *netCluster) status() (ctrl.Status, error) {
+	tok, err := fabric.LoadToken(c.token)
+	if err != nil {
+		return ctrl.Status{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return ctrl.NewClient(c.ctrl, tok).Status(ctx)
+}
+
+func (c *netCluster) waitStatus(what string, ok func(ctrl.Status) bool) ctrl.Status {
+	c.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, err := c.status()
+		if err == nil && ok(st) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("cluster never reached %q: %+v %v", what, st, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitRestored waits until the ctrl counts srv dead and the session's every slab has all its
+// replicas ready again.
+func (c *netCluster) waitRestored(srv *netServer) {
+	c.t.Helper()
+	c.waitStatus("replicas restored after losing "+srv.addr, func(st ctrl.Status) bool {
+		for _, s := range st.Servers {
+			if s.Addr == srv.addr && s.Healthy {
+				return false
+			}
+		}
+		for _, s := range st.Sessions {
+			if s.Degraded > 0 || s.Rebuilding > 0 || s.Lost > 0 {
+				return false
+			}
+		}
+		return len(st.Sessions) > 0
+	})
+}
+
+// Redis at a 24MiB cap with two replicas of every evicted page on four memory servers: one
+// server killed, another's link cut, and the data is the same after each, with the replica
+// count restored by the ctrl each time.
+func TestClusterRedisSurvivesServerLoss(t *testing.T) {
+	need(t, "redis-server")
+	c := newNetCluster(t, 4)
+	port := freePort(t)
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token, "--replicas", "2",
+		"--local-mem", "24MiB", "--", "redis-server", "--port", strconv.Itoa(port), "--save", "",
+		"--appendonly", "no", "--enable-debug-command", "yes", "--bind", "127.0.0.1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	r := dialRedis(t, port)
+	r.must(t, "DEBUG", "POPULATE", "80000", "key", "400")
+	d0 := r.must(t, "DEBUG", "DIGEST")
+	readAll := func() {
+		for i := 0; i < 80000; i += 1000 {
+			args := []string{"MGET"}
+			for k := i; k < i+1000; k++ {
+				args = append(args, fmt.Sprintf("key:%d", k))
+			}
+			r.must(t, args...)
+		}
+	}
+	c.servers[0].kill()
+	readAll() // right away: reads fail over before the ctrl even notices
+	d1 := r.must(t, "DEBUG", "DIGEST")
+	c.waitRestored(c.servers[0])
+	c.cut(c.servers[1])
+	readAll()
+	d2 := r.must(t, "DEBUG", "DIGEST")
+	c.waitRestored(c.servers[1])
+	r.must(t, "DEBUG", "POPULATE", "120000", "key", "400") // more evictions onto the survivors
+	readAll()
+	d3 := r.must(t, "DEBUG", "DIGEST")
+	r.must(t, "DEL", "key:80000")
+	for i := 80001; i < 120000; i += 1000 {
+		args := []string{"DEL"}
+		for k := i; k < i+1000; k++ {
+			args = append(args, fmt.Sprintf("key:%d", k))
+		}
+		r.must(t, args...)
+	}
+	d4 := r.must(t, "DEBUG", "DIGEST")
+	r.send("SHUTDOWN", "NOSAVE")
+	err := cmd.Wait()
+	t.Logf("digests %s %s %s %s %s; farmem: %s", d0, d1, d2, d3, d4, out.String())
+	if err != nil {
+		t.Fatalf("farmem run ended with %v", err)
+	}
+	if strings.Trim(d0, "0") == "" || d0 != d1 || d1 != d2 || d2 != d4 {
+		t.Fatalf("DEBUG DIGEST changed: before %s, after a kill %s, after a cut %s, after more keys and deleting them %s", d0, d1, d2, d4)
+	}
+	if !strings.Contains(out.String(), "backend") || strings.Contains(out.String(), "backend 0;") {
+		t.Fatalf("redis never faulted a page back from the memory servers: %s", out.String())
+	}
+}
+
+// With one copy of each page, losing its server stops the program with a message naming the
+// server: never zeros, never a hang.
+func TestClusterSingleCopyLossStopsProgram(t *testing.T) {
+	c := newNetCluster(t, 1)
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token,
+		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1000000")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	c.waitStatus("pages on the server", func(st ctrl.Status) bool {
+		return len(st.Servers) == 1 && st.Servers[0].UsedPages > 0
+	})
+	time.Sleep(time.Second) // let it page for a while
+	c.servers[0].kill()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("farmem run exited 0 after the only copy of its pages died: %s", out.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the program still runs 60s after its only memory server died: %s", out.String())
+	}
+	msg := out.String()
+	t.Logf("%s", msg)
+	if !strings.Contains(msg, c.servers[0].addr) {
+		t.Fatalf("the message does not name the lost server %s: %s", c.servers[0].addr, msg)
+	}
+	if strings.Contains(msg, "verified") && !strings.Contains(msg, "stopped") {
+		t.Fatalf("micro finished as if nothing happened: %s", msg)
+	}
+}

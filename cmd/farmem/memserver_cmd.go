@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/farmem/farmem/ctrl"
+	"github.com/farmem/farmem/fabric"
+)
+
+func memserverCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "memserver",
+		Usage: "donate this machine's memory: hold other machines' evicted pages",
+		Description: "Registers with the ctrl and heartbeats to it; clients create slabs here only with a grant\n" +
+			"the ctrl signed, and each client session reaches only its own slabs. Pages live in memory\n" +
+			"(memfd), never on disk: if this server stops, its slabs are gone, and the ctrl re-places\n" +
+			"the copies that lived here on other servers (clients with --replicas 2 or more lose\n" +
+			"nothing). Runs until SIGINT or SIGTERM.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7070", Usage: "HOST:PORT clients connect to"},
+			&cli.StringFlag{Name: "advertise", Usage: "HOST:PORT clients should dial, if not --listen (say --listen 0.0.0.0:7070 --advertise 10.0.0.7:7070)"},
+			&cli.StringFlag{Name: "capacity", Usage: "memory to donate: SIZE as 32GiB, 512MiB; required"},
+			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl; required"},
+			ctrlTokenFlag(),
+		},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return usagef("farmem memserver takes no arguments (got %q)", c.Args().First())
+			}
+			if !c.IsSet("capacity") {
+				return usagef("--capacity SIZE is required: how much memory this server donates")
+			}
+			capBytes, err := parseSize(c.String("capacity"))
+			if err != nil {
+				return usagef("--capacity: %v", err)
+			}
+			if capBytes < 1<<20 {
+				return usagef("--capacity %s is below 1MiB", c.String("capacity"))
+			}
+			if c.String("ctrl") == "" {
+				return usagef("--ctrl HOST:PORT is required: the memory server registers with the ctrl")
+			}
+			tok, err := ctrlLoadToken(c)
+			if err != nil {
+				return err
+			}
+			advertise := c.String("advertise")
+			if advertise == "" {
+				advertise = c.String("listen")
+				if host, _, err := net.SplitHostPort(advertise); err == nil && (host == "" || net.ParseIP(host).IsUnspecified()) {
+					return usagef("--listen %s is not an address clients can dial: give --advertise HOST:PORT too", advertise)
+				}
+			}
+			ln, err := net.Listen("tcp", c.String("listen"))
+			if err != nil {
+				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
+			}
+			logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
+			srv := fabric.NewServer(fabric.ServerConfig{Token: tok, CapacityPages: capBytes / fabric.PageSize, Logf: logf})
+			go srv.Serve(ln)
+			defer srv.Close()
+			logf("farmem memserver: %s on %s (advertised as %s), instance %s, ctrl %s", ctrl.FormatBytes(uint64(capBytes)),
+				ln.Addr(), advertise, srv.Instance(), c.String("ctrl"))
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if err := ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.String("ctrl"), tok), advertise, srv, logf); err != nil {
+				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
+			}
+			return nil
+		},
+	}
+}
