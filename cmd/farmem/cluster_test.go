@@ -262,3 +262,56 @@ func TestClusterSingleCopyLossStopsProgram(t *testing.T) {
 		t.Fatalf("micro finished as if nothing happened: %s", msg)
 	}
 }
+
+// Bad cluster input from the command line: each gets its message and nothing runs.
+func TestClusterBadInput(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	bad := filepath.Join(dir, "bad")
+	os.WriteFile(good, []byte("the-right-cluster-token-0123456789\n"), 0o600)
+	os.WriteFile(bad, []byte("some-other-cluster-token-98765432\n"), 0o600)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	ctl := exec.Command(farmemBin(t), "ctrl", "--listen", addr, "--state", filepath.Join(dir, "ctrl"), "--token-file", good)
+	var clog bytes.Buffer
+	ctl.Stdout, ctl.Stderr = &clog, &clog
+	if err := ctl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ctl.Process.Kill(); ctl.Wait() }()
+	dialRetry(t, mustPort(t, addr)).Close()
+	unreachable := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"run", "--ctrl", addr, "--token-file", bad, "--local-mem", "64MiB", "--", "true"}, 1, "wrong or missing cluster token"},
+		{[]string{"run", "--ctrl", addr, "--local-mem", "64MiB", "--", "true"}, 2, "--token-file"},
+		{[]string{"run", "--ctrl", unreachable, "--token-file", good, "--local-mem", "64MiB", "--", "true"}, 1, "cannot reach the farmem ctrl at " + unreachable},
+		{[]string{"run", "--replicas", "2", "--local-mem", "64MiB", "--", "true"}, 2, "give --ctrl"},
+		{[]string{"run", "--ctrl", addr, "--token-file", good, "--replicas", "0", "--local-mem", "64MiB", "--", "true"}, 2, "--replicas 0"},
+		{[]string{"run", "--ctrl", addr, "--token-file", good, "--compress", "lz4", "--local-mem", "64MiB", "--", "true"}, 2, "--compress applies to the embedded store"},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", bad, "--capacity", "64MiB", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, 1, "wrong or missing cluster token"},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--listen", "127.0.0.1:0"}, 2, "--capacity SIZE is required"},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--capacity", "1GiB", "--listen", "0.0.0.0:7070"}, 2, "give --advertise"},
+	} {
+		cmd := exec.Command(farmemBin(t), c.args...)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != c.code || !strings.Contains(string(out), c.want) {
+			t.Errorf("farmem %s: exit %d, output %q; want exit %d and %q", strings.Join(c.args, " "), code, out, c.code, c.want)
+		}
+	}
+}
+
+func mustPort(t *testing.T, addr string) int {
+	_, p, _ := strings.Cut(addr, ":")
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

@@ -5,7 +5,8 @@
 # Guest memory is warmed before every run (first touch of cold guest memory costs ~10 us/page
 # here, which would bill whichever run came first).
 # Usage: workloads/bench/redis.sh [KEYS] [REQUESTS]   (make bench; make bench-smoke for a short run)
-# Env: ROUNDS (default 5), OUT (default results/redis.md).
+# Env: ROUNDS (default 5), OUT (default results/redis.md), ONLY (a list of configuration numbers,
+# 0 = plain .. 5 = 25%-zstd, default all: ONLY="0 1" compares plain and no paging alone).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 keys=${1:-300000}
@@ -64,15 +65,24 @@ if [ $quarter -lt 16 ]; then
   exit 2
 fi
 names=(plain farmem-nopaging "farmem-50%(${half}MiB)" "farmem-25%(${quarter}MiB)" "farmem-25%-lz4" "farmem-25%-zstd")
+prefix=(env
+  "bin/farmem run --local-mem $((peak * 2))MiB --"
+  "bin/farmem run --local-mem ${half}MiB --"
+  "bin/farmem run --local-mem ${quarter}MiB --"
+  "bin/farmem run --compress lz4 --local-mem ${quarter}MiB --"
+  "bin/farmem run --compress zstd --local-mem ${quarter}MiB --")
+only=${ONLY:-0 1 2 3 4 5}
+case " $only " in *" 0 "*) ;; *) only="0 $only" ;; esac # ratios need plain
+sel=()
+for i in $only; do sel+=("${names[$i]}"); done
 raw=()
 for r in $(seq "$rounds"); do
-  raw+=("$(run_one "${names[0]}" env)")
-  raw+=("$(run_one "${names[1]}" bin/farmem run --local-mem $((peak * 2))MiB --)")
-  raw+=("$(run_one "${names[2]}" bin/farmem run --local-mem ${half}MiB --)")
-  raw+=("$(run_one "${names[3]}" bin/farmem run --local-mem ${quarter}MiB --)")
-  raw+=("$(run_one "${names[4]}" bin/farmem run --compress lz4 --local-mem ${quarter}MiB --)")
-  raw+=("$(run_one "${names[5]}" bin/farmem run --compress zstd --local-mem ${quarter}MiB --)")
+  for i in $only; do
+    # shellcheck disable=SC2086 # the prefix is words on purpose
+    raw+=("$(run_one "${names[$i]}" ${prefix[$i]})")
+  done
 done
+names=("${sel[@]}")
 
 # median NAME FIELD: the median over the rounds of one configuration's field.
 median() {
@@ -83,7 +93,7 @@ base_pop=$(median plain 2); base_set=$(median plain 4); base_get=$(median plain 
 {
   echo "# redis: plain vs farmem (embedded backend), medians of $rounds interleaved rounds"
   echo
-  echo "Command: \`ROUNDS=$rounds workloads/bench/redis.sh $keys $reqs\` on $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%d)."
+  echo "Command: \`ROUNDS=$rounds${ONLY:+ ONLY=\"$ONLY\"} workloads/bench/redis.sh $keys $reqs\` on $(nproc) cores, $(uname -r), $(date -u +%Y-%m-%d)."
   echo "DEBUG POPULATE $keys keys of $size B (estimated peak ${peak} MiB); redis-benchmark -n $reqs -r $keys -d $size."
   echo
   echo "| run | populate s | RSS MiB | SET rps | GET rps | populate x plain | SET x plain | GET x plain | zero-fill p50/p99 us | backend p50/p99 us |"
