@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"net"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -13,28 +14,55 @@ import (
 
 var testToken = Token("fabric-test-token-0123456789")
 
+// endpoint is where a test server listens: a loopback port and a unix socket.
+type endpoint struct{ tcp, unix string }
+
 // startServer runs a memory server on a loopback port.
 func startServer(t testing.TB, capacity int64) (*Server, string) {
+	t.Helper()
+	s, ep := startEndpoints(t, capacity)
+	return s, ep.tcp
+}
+
+// startEndpoints runs a memory server on a loopback port and a unix socket.
+func startEndpoints(t testing.TB, capacity int64) (*Server, endpoint) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	path := filepath.Join(t.TempDir(), "memserver.sock")
+	uln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := NewServer(ServerConfig{Token: testToken, CapacityPages: capacity, Logf: t.Logf})
 	go s.Serve(ln)
+	go s.Serve(uln)
 	t.Cleanup(func() { s.Close() })
-	return s, ln.Addr().String()
+	return s, endpoint{tcp: ln.Addr().String(), unix: path}
 }
 
-// dialer makes a transport to a server for a session; each transport runs the same suite.
-type dialer func(t testing.TB, addr string, s SessionID) (Transport, error)
+// dialer makes a transport to a server for a session with a token; each transport runs the
+// same suite.
+type dialer func(t testing.TB, ep endpoint, tok Token, s SessionID) (Transport, error)
 
-func dialTCP(t testing.TB, addr string, s SessionID) (Transport, error) {
-	c, err := DialTCP(addr, DialConfig{Token: testToken, Session: s})
-	if err == nil {
-		t.Cleanup(func() { c.Close() })
+func dialTCP(t testing.TB, ep endpoint, tok Token, s SessionID) (Transport, error) {
+	c, err := DialTCP(ep.tcp, DialConfig{Token: tok, Session: s})
+	if err != nil {
+		return nil, err
 	}
-	return c, err
+	t.Cleanup(func() { c.Close() })
+	return c, nil
+}
+
+func dialSHM(t testing.TB, ep endpoint, tok Token, s SessionID) (Transport, error) {
+	c, err := DialSHM(ep.unix, DialConfig{Token: tok, Session: s})
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, nil
 }
 
 func grant(srv *Server, slab uint64, s SessionID, pages uint32) *Grant {
@@ -50,12 +78,13 @@ func fill(seed int64, n int) []byte {
 }
 
 func TestConformanceTCP(t *testing.T) { conformance(t, dialTCP) }
+func TestConformanceSHM(t *testing.T) { conformance(t, dialSHM) }
 
 func conformance(t *testing.T, dial dialer) {
 	t.Run("RoundTrip", func(t *testing.T) {
-		srv, addr := startServer(t, 1<<16)
+		srv, addr := startEndpoints(t, 1<<16)
 		s := NewSessionID()
-		tr, err := dial(t, addr, s)
+		tr, err := dial(t, addr, testToken, s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,9 +151,9 @@ func conformance(t *testing.T, dial dialer) {
 	})
 
 	t.Run("Refusals", func(t *testing.T) {
-		srv, addr := startServer(t, 100)
+		srv, addr := startEndpoints(t, 100)
 		s := NewSessionID()
-		tr, err := dial(t, addr, s)
+		tr, err := dial(t, addr, testToken, s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,13 +183,13 @@ func conformance(t *testing.T, dial dialer) {
 	})
 
 	t.Run("SessionsIsolated", func(t *testing.T) {
-		srv, addr := startServer(t, 1000)
+		srv, addr := startEndpoints(t, 1000)
 		a, b := NewSessionID(), NewSessionID()
-		ta, err := dial(t, addr, a)
+		ta, err := dial(t, addr, testToken, a)
 		if err != nil {
 			t.Fatal(err)
 		}
-		tb, err := dial(t, addr, b)
+		tb, err := dial(t, addr, testToken, b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -186,8 +215,8 @@ func conformance(t *testing.T, dial dialer) {
 	})
 
 	t.Run("WrongToken", func(t *testing.T) {
-		_, addr := startServer(t, 10)
-		_, err := DialTCP(addr, DialConfig{Token: Token("not-the-cluster-token"), Session: NewSessionID()})
+		_, addr := startEndpoints(t, 10)
+		_, err := dial(t, addr, Token("not-the-cluster-token"), NewSessionID())
 		if err == nil || !strings.Contains(err.Error(), "refused the cluster token") {
 			t.Fatalf("dial with a wrong token: %v", err)
 		}

@@ -40,13 +40,16 @@ func FuzzServe(f *testing.F) {
 	f.Add(frame(Header{Op: OpFree}, []byte{9, 0, 0, 0, 0, 0, 0, 0}))
 	f.Add(frame(Header{Op: OpRead, Count: 2}, addrBytes(Addr{5, 7}, Addr{5, 8})))
 	f.Add(append(frame(Header{Op: OpRead, Count: 1}, addrBytes(Addr{5, 0})), frame(Header{Op: 99})...))
+	f.Add(frame(Header{Op: OpMap}, []byte{5, 0, 0, 0, 0, 0, 0, 0}))
+	f.Add(frame(Header{Op: OpMap}, []byte{6, 0, 0, 0, 0, 0, 0, 0}))
+	f.Add(frame(Header{Op: OpMap, Count: 1}, []byte{5, 0, 0, 0}))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer unix.Close(fds[1])
-		c := &serverConn{srv: srv, session: sess}
+		c := &serverConn{srv: srv, session: sess, unix: true} // a unix socket: Map is served too
 		c.fd = fds[0]
 		done := make(chan struct{})
 		go func() { // drain the answers so the server never blocks on a full socket

@@ -111,3 +111,51 @@ func (c *rawConn) vec(bufs [][]byte, call func([]unix.Iovec) (int, error)) error
 	}
 	return nil
 }
+
+// sendFD writes b with fd attached to it (SCM_RIGHTS), exactly.
+func (c *rawConn) sendFD(b []byte, fd int) error {
+	oob := unix.UnixRights(fd)
+	for {
+		n, err := unix.SendmsgN(c.fd, b, oob, nil, unix.MSG_NOSIGNAL)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+		break
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	return c.writev([][]byte{b})
+}
+
+// recvFDs reads what has arrived into b, at least one byte, appending the file descriptors
+// passed with it to fds.
+func (c *rawConn) recvFDs(b []byte, fds []int) (int, []int, error) {
+	var oob [64]byte // room for a few descriptors; the protocol passes one
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(c.fd, b, oob[:], unix.MSG_CMSG_CLOEXEC)
+		if err == unix.EINTR {
+			continue
+		}
+		if oobn > 0 {
+			if msgs, perr := unix.ParseSocketControlMessage(oob[:oobn]); perr == nil {
+				for _, m := range msgs {
+					if got, perr := unix.ParseUnixRights(&m); perr == nil {
+						fds = append(fds, got...)
+					}
+				}
+			}
+		}
+		if err != nil {
+			return 0, fds, err
+		}
+		if n == 0 {
+			return 0, fds, io.ErrUnexpectedEOF
+		}
+		return n, fds, nil
+	}
+}

@@ -36,7 +36,7 @@ type Server struct {
 
 	connMu sync.Mutex
 	conns  map[*serverConn]bool // protected by connMu
-	ln     net.Listener         // protected by connMu
+	lns    []net.Listener       // protected by connMu
 	closed bool                 // protected by connMu
 	active sync.WaitGroup       // connection goroutines; Close waits for them
 }
@@ -97,14 +97,16 @@ func (s *Server) FreeSlab(id uint64) {
 	}
 }
 
-// Serve accepts connections on ln until Close.
+// Serve accepts connections on ln until Close: a tcp listener (the tcp transport) or a unix
+// socket listener (the shm transport: the same protocol plus Map, which hands a session its
+// slabs' memfds). A server may serve several listeners at once.
 func (s *Server) Serve(ln net.Listener) error {
 	s.connMu.Lock()
 	if s.closed {
 		s.connMu.Unlock()
 		return net.ErrClosed
 	}
-	s.ln = ln
+	s.lns = append(s.lns, ln)
 	s.connMu.Unlock()
 	for {
 		c, err := ln.Accept()
@@ -120,19 +122,30 @@ func (s *Server) Serve(ln net.Listener) error {
 			}
 			return err
 		}
-		f, err := c.(*net.TCPConn).File() // a dup; Fd() below puts it in blocking mode
+		sc := &serverConn{srv: s, peer: c.RemoteAddr().String()}
+		switch c := c.(type) {
+		case *net.TCPConn:
+			sc.file, err = c.File() // a dup; Fd() below puts it in blocking mode
+		case *net.UnixConn:
+			sc.file, err = c.File()
+			sc.unix = true
+			sc.peer = "unix socket " + c.LocalAddr().String()
+		default:
+			err = fmt.Errorf("a %T connection", c)
+		}
 		c.Close()
 		if err != nil {
 			s.logf("fabric: accept: %v", err)
 			continue
 		}
-		sc := &serverConn{srv: s, file: f, peer: c.RemoteAddr().String()}
-		sc.fd = int(f.Fd())
-		unix.SetsockoptInt(sc.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		sc.fd = int(sc.file.Fd())
+		if !sc.unix {
+			unix.SetsockoptInt(sc.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+		}
 		s.connMu.Lock()
 		if s.closed {
 			s.connMu.Unlock()
-			f.Close()
+			sc.file.Close()
 			return nil
 		}
 		s.conns[sc] = true
@@ -147,8 +160,8 @@ func (s *Server) Serve(ln net.Listener) error {
 func (s *Server) Close() error {
 	s.connMu.Lock()
 	s.closed = true
-	if s.ln != nil {
-		s.ln.Close()
+	for _, ln := range s.lns {
+		ln.Close()
 	}
 	for c := range s.conns {
 		unix.Shutdown(c.fd, unix.SHUT_RDWR) // wakes its blocked read; run closes the file
@@ -167,6 +180,7 @@ type serverConn struct {
 	srv     *Server
 	file    *os.File
 	peer    string
+	unix    bool // a unix socket: Map is served
 	session SessionID
 
 	hdr     [HeaderSize]byte
@@ -321,6 +335,18 @@ func (c *serverConn) serve(h Header) error {
 			return err
 		}
 		return c.read(h, p)
+	case OpMap:
+		if !c.unix {
+			return fmt.Errorf("%w: map over a socket that cannot pass a memfd", ErrMalformed)
+		}
+		p, err := c.readPayload(h.Len)
+		if err != nil {
+			return err
+		}
+		if len(p) != 8 {
+			return fmt.Errorf("%w: %d-byte map", ErrMalformed, len(p))
+		}
+		return c.mapSlab(h, binary.LittleEndian.Uint64(p))
 	case OpWrite:
 		if h.Len != h.Count*(AddrSize+PageSize) {
 			return fmt.Errorf("%w: write of %d pages with %d bytes", ErrMalformed, h.Count, h.Len)
@@ -405,6 +431,27 @@ func (c *serverConn) write(h Header, addrs []byte) error {
 		return err
 	}
 	return c.send(Header{Op: h.Op, Count: h.Count, ID: h.ID}, nil)
+}
+
+// mapSlab answers a Map: the slab's size and, as SCM_RIGHTS, its memfd; the session's own slabs
+// only.
+func (c *serverConn) mapSlab(h Header, id uint64) error {
+	c.srv.mu.RLock()
+	sl := c.srv.slabs[id]
+	if sl != nil && sl.owner == c.session {
+		sl.refs.Add(1) // the fd stays open until it has been sent
+	} else {
+		sl = nil
+	}
+	c.srv.mu.RUnlock()
+	if sl == nil {
+		return c.refuse(h, StatusNoSlab, fmt.Sprintf("no slab %d for this session", id))
+	}
+	defer sl.unref()
+	var b [HeaderSize + 4]byte
+	(&Header{Op: h.Op, ID: h.ID, Len: 4}).Put(b[:])
+	binary.LittleEndian.PutUint32(b[HeaderSize:], sl.pages())
+	return c.sendFD(b[:], sl.fd)
 }
 
 // create makes the slab g allows, for session s.

@@ -52,6 +52,7 @@ func (c *DialConfig) defaults() {
 // TCPClient is the tcp transport: blocking syscalls on raw sockets, one request per connection
 // at a time, each request one writev and (usually) one readv.
 type TCPClient struct {
+	network  string // "tcp"; "unix" for the shm transport's control connections
 	addr     string
 	cfg      DialConfig
 	instance string
@@ -61,8 +62,13 @@ type TCPClient struct {
 // DialTCP connects to the memory server at addr and authenticates. Its errors say what is wrong
 // in a user's terms: unreachable, another protocol version, a wrong token.
 func DialTCP(addr string, cfg DialConfig) (*TCPClient, error) {
+	return dialPool("tcp", addr, cfg)
+}
+
+// dialPool makes a pool of connections to a server on a stream socket and dials the first.
+func dialPool(network, addr string, cfg DialConfig) (*TCPClient, error) {
 	cfg.defaults()
-	t := &TCPClient{addr: addr, cfg: cfg, pool: make(chan *clientConn, cfg.Conns)}
+	t := &TCPClient{network: network, addr: addr, cfg: cfg, pool: make(chan *clientConn, cfg.Conns)}
 	c, err := t.dial()
 	if err != nil {
 		return nil, err
@@ -104,18 +110,21 @@ type clientConn struct {
 }
 
 func (t *TCPClient) dial() (*clientConn, error) {
-	nc, err := net.DialTimeout("tcp", t.addr, t.cfg.Timeout)
+	nc, err := net.DialTimeout(t.network, t.addr, t.cfg.Timeout)
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the memory server at %s: %w", t.addr, err)
 	}
-	f, err := nc.(*net.TCPConn).File()
+	f, err := nc.(interface{ File() (*os.File, error) }).File()
 	nc.Close()
 	if err != nil {
 		return nil, err
 	}
-	c := &clientConn{file: f, addrs: make([]byte, MaxPages*AddrSize)}
+	c := &clientConn{file: f}
 	c.fd = int(f.Fd()) // blocking from here on
-	unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	if t.network == "tcp" {
+		c.addrs = make([]byte, MaxPages*AddrSize)
+		unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
+	}
 	if err := c.setTimeout(t.cfg.Timeout); err != nil {
 		f.Close()
 		return nil, err

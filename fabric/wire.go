@@ -21,6 +21,17 @@
 //
 // A session owns the slabs it created; a request naming a slab of another session is answered
 // exactly like one naming no slab at all.
+//
+// # Map (the shm transport, same host)
+//
+// On a unix-socket connection a client may also send Map: payload the slab id (u64); the answer
+// carries the slab's size in pages (u32) and, as SCM_RIGHTS ancillary data on the answer, the
+// slab's memfd, which the client maps shared and reads and writes with plain loads and stores
+// (no server CPU on the data path). Only the session's own slabs are mapped (any other slab is
+// refused with StatusNoSlab, like a read); the memfd is sealed against growing and shrinking.
+// Map over tcp is a malformed frame (the connection closes). Map was added within version 1:
+// it is a new request only, no existing frame changed, and tcp peers never send it, so peers
+// of this version and older ones still interoperate over tcp.
 package fabric
 
 import (
@@ -59,6 +70,7 @@ const (
 	OpWrite                   // write count pages
 	OpRead                    // read count pages
 	OpFree                    // free a slab
+	OpMap                     // unix sockets only: map a slab (answer: pages u32 + the memfd)
 )
 
 func (o Op) String() string {
@@ -75,6 +87,8 @@ func (o Op) String() string {
 		return "read"
 	case OpFree:
 		return "free"
+	case OpMap:
+		return "map"
 	}
 	return fmt.Sprintf("op(%d)", o)
 }
@@ -149,7 +163,7 @@ func maxPayload(h Header) uint32 {
 		return n * (AddrSize + PageSize) // request; its answer is empty
 	case h.Op == OpRead:
 		return max(n*AddrSize, n*PageSize)
-	case h.Op == OpChallenge || h.Op == OpHello || h.Op == OpCreate || h.Op == OpFree:
+	case h.Op == OpChallenge || h.Op == OpHello || h.Op == OpCreate || h.Op == OpFree || h.Op == OpMap:
 		return maxControlPayload
 	}
 	return 0
