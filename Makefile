@@ -40,3 +40,10 @@ bench: build
 
 bench-smoke: build
 	ROUNDS=1 OUT=/tmp/farmem-bench-smoke.md workloads/bench/redis.sh 60000 5000
+
+# The rdma transport's tests, for real: boots Debian's 6.1 kernel under qemu (TCG) with rdma_rxe
+# on a dummy netdev and runs the C probe and `go test -tags rdma ./fabric/` inside it (as root;
+# installs qemu-system-x86, busybox-static, libibverbs-dev... when missing). Not part of `test`.
+.PHONY: test-rdma
+test-rdma:
+	GO=$(GO) workloads/rdma/test-rdma.sh
