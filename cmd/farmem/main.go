@@ -78,6 +78,8 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too (redis pages: lz4 7x, zstd 9x smaller), at a cost: at a 25% cap, lz4 gave\n\t0.65-1.0x and zstd 0.6-0.8x of none's throughput here (results/redis.md)"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
+			&cli.StringFlag{Name: "transport", Value: "tcp", Usage: "with --ctrl: how to reach memory servers: tcp; shm (a memory server on this host started\n\twith --shm DIR is reached through shared memory: no request per page; others by tcp); rdma"},
+			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
 			ctrlTokenFlag(),
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
@@ -118,8 +120,11 @@ func runCommand() *cli.Command {
 				if store, err = openRemote(c, argv); err != nil {
 					return err
 				}
-			} else if c.IsSet("replicas") || c.IsSet("token-file") {
-				return usagef("--replicas and --token-file apply to memory servers: give --ctrl HOST:PORT too")
+			} else if c.IsSet("replicas") || c.IsSet("token-file") || c.IsSet("transport") || c.IsSet("shm") {
+				if _, err := transportDial(c, nil); err != nil {
+					return err
+				}
+				return usagef("--replicas, --token-file, --transport and --shm apply to memory servers: give --ctrl HOST:PORT too")
 			}
 			defer store.Close()
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet")})
@@ -144,14 +149,22 @@ func openRemote(c *cli.Context, argv []string) (backend.Backend, error) {
 	if r < 1 || r > ctrl.MaxReplicas {
 		return nil, usagef("--replicas %d: give 1 to %d", r, ctrl.MaxReplicas)
 	}
+	logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
+	info := logf
+	if c.Bool("quiet") {
+		info = func(string, ...any) {}
+	}
+	dial, err := transportDial(c, info)
+	if err != nil {
+		return nil, err
+	}
 	tok, err := ctrlLoadToken(c)
 	if err != nil {
 		return nil, err
 	}
 	host, _ := os.Hostname()
-	s, err := remote.Open(remote.Config{Ctrl: c.String("ctrl"), Token: tok, Replicas: r,
-		Name: fmt.Sprintf("%s pid %d %s", host, os.Getpid(), filepath.Base(argv[0])),
-		Logf: func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }})
+	s, err := remote.Open(remote.Config{Ctrl: c.String("ctrl"), Token: tok, Replicas: r, Dial: dial,
+		Name: fmt.Sprintf("%s pid %d %s", host, os.Getpid(), filepath.Base(argv[0])), Logf: logf})
 	if err != nil {
 		return nil, cli.Exit("farmem: "+err.Error(), 1)
 	}

@@ -22,12 +22,15 @@ func memserverCommand() *cli.Command {
 			"the ctrl signed, and each client session reaches only its own slabs. Pages live in memory\n" +
 			"(memfd), never on disk: if this server stops, its slabs are gone, and the ctrl re-places\n" +
 			"the copies that lived here on other servers (clients with --replicas 2 or more lose\n" +
-			"nothing). Runs until SIGINT or SIGTERM.",
+			"nothing). With --shm DIR, clients on this host may also map the slabs they own\n" +
+			"(farmem run --transport shm): pages then move by memcpy, with no request to this server.\n" +
+			"Runs until SIGINT or SIGTERM.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7070", Usage: "HOST:PORT clients connect to"},
 			&cli.StringFlag{Name: "advertise", Usage: "HOST:PORT clients should dial, if not --listen (say --listen 0.0.0.0:7070 --advertise 10.0.0.7:7070)"},
 			&cli.StringFlag{Name: "capacity", Usage: "memory to donate: SIZE as 32GiB, 512MiB; required"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl; required"},
+			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
 			ctrlTokenFlag(),
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
@@ -63,12 +66,28 @@ func memserverCommand() *cli.Command {
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
 			}
+			var shm *net.UnixListener
+			if c.IsSet("shm") {
+				if shm, err = listenSHM(c.String("shm"), advertise); err != nil {
+					ln.Close()
+					if _, ok := err.(usageError); ok {
+						return err
+					}
+					return cli.Exit(fmt.Sprintf("farmem memserver: --shm: %v", err), 1)
+				}
+			}
 			logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
 			srv := fabric.NewServer(fabric.ServerConfig{Token: tok, CapacityPages: capBytes / fabric.PageSize, Logf: logf})
 			go srv.Serve(ln)
+			if shm != nil {
+				go srv.Serve(shm) // Close removes the socket
+			}
 			defer srv.Close()
 			logf("farmem memserver: %s on %s (advertised as %s), instance %s, ctrl %s", ctrl.FormatBytes(uint64(capBytes)),
 				ln.Addr(), advertise, srv.Instance(), c.String("ctrl"))
+			if shm != nil {
+				logf("farmem memserver: clients on this host may map their slabs through %s", shm.Addr())
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if err := ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.String("ctrl"), tok), advertise, srv, logf); err != nil {
