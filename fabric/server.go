@@ -23,7 +23,8 @@ import (
 // Lock order: Server.mu, then nothing. mu guards the slab map only: a request takes a reference
 // on each slab it touches under the read lock and does its I/O after dropping it, so that a
 // slow or stalled client never holds up another's creates and frees. A slab's memory goes when
-// its last reference does (slab.unref).
+// its last reference does (slab.unref). The rdma transport adds connMu -> rdmaConn.mu, taken
+// by FreeSlab after it dropped mu (rdma_server.go).
 type Server struct {
 	token    Token
 	instance string
@@ -93,6 +94,7 @@ func (s *Server) FreeSlab(id uint64) {
 	}
 	s.mu.Unlock()
 	if sl != nil {
+		s.revokeRDMA(sl) // deregisters it from the device before its memory can go
 		sl.unref()
 	}
 }
@@ -180,7 +182,8 @@ type serverConn struct {
 	srv     *Server
 	file    *os.File
 	peer    string
-	unix    bool // a unix socket: Map is served
+	unix    bool      // a unix socket: Map is served
+	rdma    *rdmaConn // the rdma transport's state (rdma_server.go); set under srv.connMu
 	session SessionID
 
 	hdr     [HeaderSize]byte
@@ -199,6 +202,7 @@ func (c *serverConn) run() {
 		c.srv.connMu.Lock()
 		delete(c.srv.conns, c)
 		c.srv.connMu.Unlock()
+		c.closeRDMA()
 		c.file.Close()
 		c.srv.active.Done()
 	}()
@@ -347,6 +351,8 @@ func (c *serverConn) serve(h Header) error {
 			return fmt.Errorf("%w: %d-byte map", ErrMalformed, len(p))
 		}
 		return c.mapSlab(h, binary.LittleEndian.Uint64(p))
+	case OpRDMAConnect, OpRDMARegister:
+		return c.serveRDMA(h) // rdma_server.go; rdma_stub.go refuses them
 	case OpWrite:
 		if h.Len != h.Count*(AddrSize+PageSize) {
 			return fmt.Errorf("%w: write of %d pages with %d bytes", ErrMalformed, h.Count, h.Len)

@@ -32,6 +32,34 @@
 // Map over tcp is a malformed frame (the connection closes). Map was added within version 1:
 // it is a new request only, no existing frame changed, and tcp peers never send it, so peers
 // of this version and older ones still interoperate over tcp.
+//
+// # RDMA connect and register (the rdma transport)
+//
+// A client built with the rdma transport (build tag rdma) keeps one tcp connection as its
+// control connection: the same handshake, Create and Free as over tcp, plus two requests. The
+// pages then move by one-sided RDMA READ and WRITE, with no server CPU on the data path.
+//
+//   - RDMAConnect: payload the client's queue pair (32 bytes: qpn u32, psn u32, lid u16, mtu u8,
+//     rd_atomic u8, gid [16]byte, retire u32). The server creates a reliable-connected queue
+//     pair in this connection's protection domain, connects it to the client's and answers with
+//     its own in the same layout (retire zero). retire names a server queue pair of this
+//     connection that the client gave up (after an error), to destroy first; zero: none. mtu is
+//     the sender's port MTU (enum ibv_mtu: 1 = 256 ... 5 = 4096) and rd_atomic the RDMA READs it
+//     can have outstanding as initiator (client) or responder (server); each side uses the
+//     smaller of the two. At most 64 queue pairs per connection (StatusCapacity beyond).
+//   - RDMARegister: payload the slab id (u64). The server registers the slab's memory in this
+//     connection's protection domain (once per connection and slab) and answers with addr u64,
+//     rkey u32, pages u32. Only the session's own slabs are registered: any other is refused
+//     with StatusNoSlab, like a read. A page beyond the slab's end is the client's to refuse
+//     (StatusRange): the region ends there, so the device would refuse it anyway.
+//
+// The registration holds a reference on the slab (its memory cannot go while the device may
+// still write it) and lasts until the slab is freed (by its session or by the server) or the
+// control connection closes; after that the rkey no longer works (a remote access error), and
+// a client that gets one registers again, and is refused if the slab is gone. A server built
+// without the rdma transport, or with no usable RDMA device, refuses both requests with
+// StatusUnsupported. Both were added within version 1, as Map was: a server from before them
+// closes the connection on them as malformed, and tcp and shm peers never send them.
 package fabric
 
 import (
@@ -64,13 +92,15 @@ const magic = 0xFA4D
 type Op uint8
 
 const (
-	OpChallenge Op = iota + 1 // server -> client, first frame: version, nonce, instance id
-	OpHello                   // client -> server: version, session, MAC; answered with status
-	OpCreate                  // create the slab a Grant allows
-	OpWrite                   // write count pages
-	OpRead                    // read count pages
-	OpFree                    // free a slab
-	OpMap                     // unix sockets only: map a slab (answer: pages u32 + the memfd)
+	OpChallenge    Op = iota + 1 // server -> client, first frame: version, nonce, instance id
+	OpHello                      // client -> server: version, session, MAC; answered with status
+	OpCreate                     // create the slab a Grant allows
+	OpWrite                      // write count pages
+	OpRead                       // read count pages
+	OpFree                       // free a slab
+	OpMap                        // unix sockets only: map a slab (answer: pages u32 + the memfd)
+	OpRDMAConnect                // connect a queue pair (answer: the server's queue pair)
+	OpRDMARegister               // register a slab for RDMA (answer: addr u64, rkey u32, pages u32)
 )
 
 func (o Op) String() string {
@@ -89,6 +119,10 @@ func (o Op) String() string {
 		return "free"
 	case OpMap:
 		return "map"
+	case OpRDMAConnect:
+		return "rdma-connect"
+	case OpRDMARegister:
+		return "rdma-register"
 	}
 	return fmt.Sprintf("op(%d)", o)
 }
@@ -97,14 +131,15 @@ func (o Op) String() string {
 type Status uint8
 
 const (
-	StatusOK        Status = iota
-	StatusAuth             // the MAC does not match: wrong token
-	StatusVersion          // protocol versions differ
-	StatusNoSlab           // no such slab for this session
-	StatusRange            // a page beyond the slab's end
-	StatusCapacity         // the server is full
-	StatusBadGrant         // the grant is not the ctrl's, or not for this server or session
-	StatusMalformed        // the request does not parse
+	StatusOK          Status = iota
+	StatusAuth               // the MAC does not match: wrong token
+	StatusVersion            // protocol versions differ
+	StatusNoSlab             // no such slab for this session
+	StatusRange              // a page beyond the slab's end
+	StatusCapacity           // the server is full
+	StatusBadGrant           // the grant is not the ctrl's, or not for this server or session
+	StatusMalformed          // the request does not parse
+	StatusUnsupported        // the server cannot serve this request (e.g. built without rdma)
 )
 
 // Header is a frame header.
@@ -163,7 +198,8 @@ func maxPayload(h Header) uint32 {
 		return n * (AddrSize + PageSize) // request; its answer is empty
 	case h.Op == OpRead:
 		return max(n*AddrSize, n*PageSize)
-	case h.Op == OpChallenge || h.Op == OpHello || h.Op == OpCreate || h.Op == OpFree || h.Op == OpMap:
+	case h.Op == OpChallenge || h.Op == OpHello || h.Op == OpCreate || h.Op == OpFree || h.Op == OpMap ||
+		h.Op == OpRDMAConnect || h.Op == OpRDMARegister:
 		return maxControlPayload
 	}
 	return 0

@@ -15,6 +15,7 @@ fail() { echo "guest: FAIL $*"; poweroff -f; }
 for m in $(cat /lib/modules/order); do
   insmod "/lib/modules/$m.ko" || fail "insmod $m"
 done
+ip link set lo up || fail "lo up"
 ip link set dummy0 up || fail "dummy0 up"
 rdma link add rxe0 type rxe netdev dummy0 || fail "rdma link add"
 echo "guest: rxe0 on dummy0 at $(cut -d' ' -f1 /proc/uptime)s"

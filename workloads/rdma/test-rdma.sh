@@ -14,13 +14,13 @@
 # Cache: the kernel and its modules go to $RDMA_CACHE (default .cache/rdma-guest, git-ignored);
 # delete it to fetch the current kernel again. Needs root for apt-get only when a package is
 # missing. Environment: RDMA_TESTS (go test -run pattern, default RDMA), RDMA_TIMEOUT (seconds
-# for the guest, default 240), QEMU_SMP (default 1).
+# for the guest, default 180), QEMU_SMP (default 1).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 here=$repo/workloads/rdma
 cache=${RDMA_CACHE:-$repo/.cache/rdma-guest}
 tests=${RDMA_TESTS:-RDMA}
-guest_timeout=${RDMA_TIMEOUT:-240}
+guest_timeout=${RDMA_TIMEOUT:-180}
 smp=${QEMU_SMP:-1}
 GO=${GO:-go}
 t0=$(date +%s)
@@ -82,7 +82,7 @@ cat > "$work/run" <<RUN
 #!/bin/sh
 # Runs in the guest as root, from /payload.
 ./probe || { echo "RDMA-TEST: FAIL probe"; exit 1; }
-./fabric.test -test.run '$tests' -test.v -test.count=1 -test.timeout $((guest_timeout - 30))s
+./fabric.test -test.run '$tests' -test.v -test.count=1 -test.timeout $((guest_timeout - 40))s
 rc=\$?
 [ \$rc = 0 ] && echo "RDMA-TEST: PASS" || echo "RDMA-TEST: FAIL go test exited \$rc"
 RUN
