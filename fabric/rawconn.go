@@ -1,7 +1,11 @@
 package fabric
 
 import (
+	"fmt"
 	"io"
+	"net"
+	"os"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -14,6 +18,12 @@ import (
 type rawConn struct {
 	fd   int
 	iovs []unix.Iovec // scratch for readv/writev
+	// spin is how long a wait for the peer's next bytes (an answer; on a server, the next
+	// request) polls with non-blocking receives, yielding the CPU between tries, before it
+	// sleeps in a blocking one: waking a sleeping thread from another CPU costs tens of
+	// microseconds on a VM without halt-polling, more than a loopback round trip.
+	spin time.Duration
+	msg  unix.Msghdr // scratch for poll
 }
 
 // iovMax is the kernel's limit on iovecs per call (UIO_MAXIOV).
@@ -158,4 +168,37 @@ func (c *rawConn) recvFDs(b []byte, fds []int) (int, []int, error) {
 		}
 		return n, fds, nil
 	}
+}
+
+// blockingFile takes a connection's socket out of Go's runtime poller: it returns a blocking
+// descriptor of its own and closes c. Not conn.File(): that dup is registered with the poller
+// (epoll, edge-triggered), and although Fd() then makes it blocking it stays registered, so
+// every segment that arrives also wakes the runtime's poller thread — a second wakeup, often
+// on another CPU, for each request and each answer (see results/fabric.md).
+func blockingFile(c net.Conn) (*os.File, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("fabric: a %T has no descriptor", c)
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		derr = err
+	}
+	c.Close() // removes its own descriptor from the poller; the dup keeps the socket
+	if derr != nil {
+		return nil, derr
+	}
+	// Blocking before os.NewFile: a blocking descriptor is not added to the poller.
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), "fabric-conn"), nil
 }

@@ -30,6 +30,7 @@ type Server struct {
 	instance string
 	capacity int64 // pages
 	logf     func(format string, args ...any)
+	spin     time.Duration
 
 	mu    sync.RWMutex
 	slabs map[uint64]*slab // protected by mu
@@ -48,6 +49,9 @@ type ServerConfig struct {
 	CapacityPages int64
 	// Logf reports connection-level trouble (refused peers, malformed frames); nil: discard.
 	Logf func(format string, args ...any)
+	// Spin is how long a connection polls for the client's next request after answering one,
+	// before it sleeps (0: it sleeps at once); see DialConfig.Spin.
+	Spin time.Duration
 }
 
 // handshakeTimeout bounds how long a connection may take to authenticate.
@@ -62,7 +66,7 @@ func NewServer(cfg ServerConfig) *Server {
 		logf = func(string, ...any) {}
 	}
 	return &Server{token: cfg.Token, instance: hex.EncodeToString(id[:]), capacity: cfg.CapacityPages,
-		logf: logf, slabs: map[uint64]*slab{}, conns: map[*serverConn]bool{}}
+		logf: logf, spin: cfg.Spin, slabs: map[uint64]*slab{}, conns: map[*serverConn]bool{}}
 }
 
 // Instance is this server process's id: the ctrl's grants name it, so a restarted server (a new
@@ -125,17 +129,11 @@ func (s *Server) Serve(ln net.Listener) error {
 			return err
 		}
 		sc := &serverConn{srv: s, peer: c.RemoteAddr().String()}
-		switch c := c.(type) {
-		case *net.TCPConn:
-			sc.file, err = c.File() // a dup; Fd() below puts it in blocking mode
-		case *net.UnixConn:
-			sc.file, err = c.File()
+		if uc, ok := c.(*net.UnixConn); ok {
 			sc.unix = true
-			sc.peer = "unix socket " + c.LocalAddr().String()
-		default:
-			err = fmt.Errorf("a %T connection", c)
+			sc.peer = "unix socket " + uc.LocalAddr().String()
 		}
-		c.Close()
+		sc.file, err = blockingFile(c)
 		if err != nil {
 			s.logf("fabric: accept: %v", err)
 			continue
@@ -218,7 +216,11 @@ func (c *serverConn) run() {
 // loop serves requests until the peer goes (nil) or sends something that ends the connection.
 func (c *serverConn) loop() error {
 	for {
-		if err := c.readFull(c.hdr[:]); err != nil {
+		n, err := c.readvOnce(c.hdr[:], nil) // polls first, with spin set
+		if err == nil {
+			err = c.readFull(c.hdr[n:])
+		}
+		if err != nil {
 			if err == io.ErrUnexpectedEOF || err == unix.ECONNRESET {
 				return nil
 			}
@@ -271,6 +273,7 @@ func (c *serverConn) handshake() error {
 	}
 	c.session = hl.Session
 	c.setTimeout(0)
+	c.spin = c.srv.spin
 	return c.send(Header{Op: OpHello, ID: h.ID}, nil)
 }
 

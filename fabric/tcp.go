@@ -38,6 +38,10 @@ type DialConfig struct {
 	// Timeout bounds connecting and every request (default 2s). A request that times out
 	// fails, and the caller tries another replica.
 	Timeout time.Duration
+	// Spin is how long a request polls for its answer before it sleeps (0: it sleeps at once).
+	// Where waking a sleeping thread costs more than the round trip itself (a VM without
+	// halt-polling, a CPU other than the server's), polling wins: see results/fabric.md.
+	Spin time.Duration
 }
 
 func (c *DialConfig) defaults() {
@@ -114,13 +118,12 @@ func (t *TCPClient) dial() (*clientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the memory server at %s: %w", t.addr, err)
 	}
-	f, err := nc.(interface{ File() (*os.File, error) }).File()
-	nc.Close()
+	f, err := blockingFile(nc)
 	if err != nil {
 		return nil, err
 	}
 	c := &clientConn{file: f}
-	c.fd = int(f.Fd()) // blocking from here on
+	c.fd = int(f.Fd())
 	if t.network == "tcp" {
 		c.addrs = make([]byte, MaxPages*AddrSize)
 		unix.SetsockoptInt(c.fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1)
@@ -129,6 +132,7 @@ func (t *TCPClient) dial() (*clientConn, error) {
 		f.Close()
 		return nil, err
 	}
+	c.spin = t.cfg.Spin
 	if err := c.handshake(t.addr, t.cfg); err != nil {
 		f.Close()
 		return nil, err
@@ -216,12 +220,18 @@ func (c *clientConn) recv(op Op, dst []byte) error {
 	return c.readFull(dst[have:])
 }
 
-// readvOnce is one readv into a and b: whatever has arrived, at least one byte.
+// readvOnce is one readv into a and b: whatever has arrived, at least one byte. With c.spin set
+// it first polls for up to that long (see rawConn.spin) before it sleeps in readv.
 func (c *rawConn) readvOnce(a, b []byte) (int, error) {
 	c.iovs = c.iovs[:0]
 	for _, p := range [2][]byte{a, b} {
 		if len(p) > 0 {
 			c.iovs = append(c.iovs, unix.Iovec{Base: &p[0], Len: uint64(len(p))})
+		}
+	}
+	if c.spin > 0 {
+		if n, err := c.poll(); n != 0 || err != nil {
+			return n, err
 		}
 	}
 	for {
@@ -235,6 +245,30 @@ func (c *rawConn) readvOnce(a, b []byte) (int, error) {
 			return 0, io.ErrUnexpectedEOF
 		}
 		return int(n), nil
+	}
+}
+
+// poll tries non-blocking receives into c.iovs, yielding the CPU between tries, for up to
+// c.spin: (0, nil) if nothing arrived by then.
+func (c *rawConn) poll() (int, error) {
+	c.msg.Iov = &c.iovs[0]
+	c.msg.SetIovlen(len(c.iovs))
+	start := time.Now()
+	for {
+		n, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(c.fd), uintptr(unsafe.Pointer(&c.msg)), unix.MSG_DONTWAIT)
+		switch {
+		case e == 0 && n == 0:
+			return 0, io.ErrUnexpectedEOF
+		case e == 0:
+			return int(n), nil
+		case e != unix.EAGAIN && e != unix.EINTR:
+			return 0, e
+		}
+		if time.Since(start) >= c.spin {
+			return 0, nil
+		}
+		// Whatever else wants this CPU runs first: the peer itself, if it shares the CPU.
+		unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 	}
 }
 
