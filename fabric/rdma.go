@@ -32,12 +32,14 @@ import (
 // would refuse the access anyway); every address is checked before any page moves, so a
 // refused request moves nothing.
 //
-// Failures: a queue pair that fails (a failed completion, no completion within cfg.Timeout)
-// is destroyed and a new one connected on next use; one that fails on a remote access error
-// (the slab was freed on the server, which deregisters it) forgets its regions and retries
-// once, registering again, which the server refuses if the slab is gone. If the control
-// connection breaks it is redialed on next use: the server dropped everything of the old one,
-// so the regions are forgotten and every queue pair is connected anew.
+// Failures: a queue pair that fails is destroyed and a new one connected on next use. On a
+// remote access error (the slab was freed on the server, which deregisters it) the request
+// forgets its regions and is retried once, registering again, which the server refuses if the
+// slab is gone. Any other failure (the server's queue pair unreachable: retries exhausted
+// after about 0.5 s, or no completion within cfg.Timeout) fails the request and drops the
+// control connection too. A control connection that broke is redialed on next use, and a new
+// one is a new generation: the server dropped everything of the old one, so the regions are
+// forgotten and every queue pair is connected anew.
 //
 // Lock order: a queue pair slot (taken from pool) -> ctlMu -> slabMu.
 type RDMAClient struct {
@@ -124,12 +126,7 @@ func (t *RDMAClient) Close() error {
 			q.q.destroy()
 		}
 	}
-	t.ctlMu.Lock()
-	if t.ctl != nil {
-		t.ctl.file.Close()
-		t.ctl = nil
-	}
-	t.ctlMu.Unlock()
+	t.dropControl()
 	t.pd.free()
 	return nil
 }
@@ -168,6 +165,16 @@ func (t *RDMAClient) ctlCallLocked(op Op, payload, dst []byte) error {
 	return err
 }
 
+// dropControl closes the control connection; the next call dials a new one.
+func (t *RDMAClient) dropControl() {
+	t.ctlMu.Lock()
+	if t.ctl != nil {
+		t.ctl.file.Close()
+		t.ctl = nil
+	}
+	t.ctlMu.Unlock()
+}
+
 func (t *RDMAClient) control(op Op, payload, dst []byte) error {
 	t.ctlMu.Lock()
 	defer t.ctlMu.Unlock()
@@ -177,9 +184,12 @@ func (t *RDMAClient) control(op Op, payload, dst []byte) error {
 // wrap says which server an error came from, like the tcp transport's; refusals pass as they
 // are.
 func (t *RDMAClient) wrap(op Op, err error) error {
+	if err == nil {
+		return nil
+	}
 	var re *RemoteError
 	switch {
-	case err == nil || errors.As(err, &re):
+	case errors.As(err, &re):
 		return err
 	case errors.Is(err, errWCTimeout) || errors.Is(err, unix.EAGAIN):
 		return fmt.Errorf("the memory server at %s did not answer within %v (rdma %v)", t.addr, t.cfg.Timeout, op)
@@ -311,6 +321,10 @@ func (t *RDMAClient) rw(op Op, addrs []Addr, pages []byte) error {
 		q.kill()
 		var we wcError
 		if !(errors.As(err, &we) && we.remoteAccess()) && err != errStale {
+			// The server's queue pair is gone or unreachable: the server died, or it dropped
+			// this client's state with the control connection. Start over on the next call:
+			// a new control connection (or a quick "cannot reach") rather than a dead one.
+			t.dropControl()
 			break
 		}
 		// A region we used is no longer registered: the slab was freed (the server revoked

@@ -9,6 +9,7 @@ package fabric
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"testing"
 	"time"
 )
@@ -229,4 +230,65 @@ func TestRDMAReadLatency(t *testing.T) {
 	el := time.Since(start)
 	t.Logf("rdma on %s: 4 KiB read %v each; batches of %d: %.0f pages/s (%.1f MB/s)", tr.(*RDMAClient).Device(),
 		one, MaxPages, float64(10*MaxPages)/el.Seconds(), float64(10*MaxPages*PageSize)/el.Seconds()/1e6)
+}
+
+// A server that goes away fails the requests in bounded time (the caller then uses another
+// replica), and never with a refusal.
+func TestRDMAServerGone(t *testing.T) {
+	srv, ep := startEndpoints(t, 100)
+	s := NewSessionID()
+	tr, err := DialRDMA(ep.tcp, DialConfig{Token: testToken, Session: s, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if err := tr.Create(grant(srv, 1, s, 8)); err != nil {
+		t.Fatal(err)
+	}
+	pg := make([]byte, PageSize)
+	if err := tr.Write([]Addr{{Slab: 1, Page: 0}}, pg); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		err := tr.Read([]Addr{{Slab: 1, Page: 0}}, pg)
+		var re *RemoteError
+		if err == nil || errors.As(err, &re) {
+			t.Fatalf("read %d from a closed server: %v", i, err)
+		}
+		if el := time.Since(start); el > 3*time.Second {
+			t.Fatalf("read %d took %v to fail", i, el)
+		}
+		t.Logf("read %d: %v after %v", i, err, time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// Reads and writes allocate nothing once the queue pairs and the slab's region are there.
+func TestRDMANoAllocations(t *testing.T) {
+	srv, ep := startEndpoints(t, 100)
+	s := NewSessionID()
+	tr, err := dialRDMA(t, ep, testToken, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Create(grant(srv, 1, s, 64)); err != nil {
+		t.Fatal(err)
+	}
+	addrs := []Addr{{Slab: 1, Page: 1}, {Slab: 1, Page: 9}, {Slab: 1, Page: 63}}
+	buf := fill(9, len(addrs))
+	if err := tr.Write(addrs, buf); err != nil {
+		t.Fatal(err)
+	}
+	var failed error
+	if n := testing.AllocsPerRun(200, func() {
+		if err := tr.Write(addrs, buf); err != nil {
+			failed = err
+		}
+		if err := tr.Read(addrs, buf); err != nil {
+			failed = err
+		}
+	}); n != 0 || failed != nil {
+		t.Fatalf("%v allocations per write+read (%v)", n, failed)
+	}
 }

@@ -133,6 +133,9 @@ static int fm_qp_create(fm_dev *d, struct ibv_pd *pd, int access, int depth, siz
 		q->buf = mmap(NULL, buflen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (q->buf == MAP_FAILED) { q->buf = NULL; goto fail_errno; }
 		q->buflen = buflen;
+		// Not in a forked child (farmem starts the program with fork and exec): the child
+		// neither shares nor copies memory the device writes.
+		madvise(q->buf, buflen, MADV_DONTFORK);
 		*stage = "ibv_reg_mr of the bounce buffer";
 		if (!(q->mr = ibv_reg_mr(pd, q->buf, buflen, IBV_ACCESS_LOCAL_WRITE))) goto fail_errno;
 	}
