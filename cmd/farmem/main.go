@@ -80,6 +80,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
 			&cli.StringFlag{Name: "transport", Value: "tcp", Usage: "with --ctrl: how to reach memory servers: tcp; shm (a memory server on this host started\n\twith --shm DIR is reached through shared memory: no request per page; others by tcp); rdma"},
 			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},
+			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION (e.g. 50us) before sleeping"),
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
 			ctrlTokenFlag(),
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
@@ -120,11 +121,11 @@ func runCommand() *cli.Command {
 				if store, err = openRemote(c, argv); err != nil {
 					return err
 				}
-			} else if c.IsSet("replicas") || c.IsSet("token-file") || c.IsSet("transport") || c.IsSet("shm") {
+			} else if c.IsSet("replicas") || c.IsSet("token-file") || c.IsSet("transport") || c.IsSet("shm") || c.IsSet("spin") {
 				if _, err := transportDial(c, nil); err != nil {
 					return err
 				}
-				return usagef("--replicas, --token-file, --transport and --shm apply to memory servers: give --ctrl HOST:PORT too")
+				return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
 			}
 			defer store.Close()
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet")})

@@ -31,6 +31,7 @@ func memserverCommand() *cli.Command {
 			&cli.StringFlag{Name: "capacity", Usage: "memory to donate: SIZE as 32GiB, 512MiB; required"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl; required"},
 			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
+			spinFlag("after answering a request, poll for the connection's next one up to DURATION (e.g. 50us) before sleeping"),
 			ctrlTokenFlag(),
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
@@ -50,6 +51,10 @@ func memserverCommand() *cli.Command {
 			}
 			if c.String("ctrl") == "" {
 				return usagef("--ctrl HOST:PORT is required: the memory server registers with the ctrl")
+			}
+			spin, err := checkSpin(c)
+			if err != nil {
+				return err
 			}
 			tok, err := ctrlLoadToken(c)
 			if err != nil {
@@ -77,7 +82,7 @@ func memserverCommand() *cli.Command {
 				}
 			}
 			logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
-			srv := fabric.NewServer(fabric.ServerConfig{Token: tok, CapacityPages: capBytes / fabric.PageSize, Logf: logf})
+			srv := fabric.NewServer(fabric.ServerConfig{Token: tok, CapacityPages: capBytes / fabric.PageSize, Logf: logf, Spin: spin})
 			go srv.Serve(ln)
 			if shm != nil {
 				go srv.Serve(shm) // Close removes the socket

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -42,14 +43,31 @@ func transportDial(c *cli.Context, logf func(string, ...any)) (dialFunc, error) 
 	if c.IsSet("shm") && tr != "shm" {
 		return nil, usagef("--shm DIR applies to --transport shm")
 	}
+	spin, err := checkSpin(c)
+	if err != nil {
+		return nil, err
+	}
+	dialTCP := func(addr string, cfg fabric.DialConfig) (fabric.Transport, error) {
+		cfg.Spin = spin
+		return fabric.DialTCP(addr, cfg)
+	}
 	switch tr {
 	case "tcp":
-		return nil, nil
+		if spin == 0 {
+			return nil, nil
+		}
+		return dialTCP, nil
 	case "rdma":
 		if rdmaDial == nil {
 			return nil, usagef("the rdma transport is not compiled into this farmem (build with -tags rdma)")
 		}
-		return rdmaDial, nil
+		if spin == 0 {
+			return rdmaDial, nil
+		}
+		return func(addr string, cfg fabric.DialConfig) (fabric.Transport, error) {
+			cfg.Spin = spin
+			return rdmaDial(addr, cfg)
+		}, nil
 	case "shm":
 		dir := c.String("shm")
 		if !filepath.IsAbs(dir) {
@@ -57,7 +75,7 @@ func transportDial(c *cli.Context, logf func(string, ...any)) (dialFunc, error) 
 		}
 		return func(addr string, cfg fabric.DialConfig) (fabric.Transport, error) {
 			if !onThisHost(addr) {
-				return fabric.DialTCP(addr, cfg)
+				return dialTCP(addr, cfg)
 			}
 			path := shmSocket(dir, addr)
 			t, err := fabric.DialSHM(path, cfg)
@@ -73,6 +91,23 @@ func transportDial(c *cli.Context, logf func(string, ...any)) (dialFunc, error) 
 		}, nil
 	}
 	return nil, usagef("--transport %q: give tcp, shm or rdma", tr)
+}
+
+// maxSpin bounds --spin: polling longer than this is burning a CPU, not waiting for an answer.
+const maxSpin = time.Millisecond
+
+// spinFlag is --spin: fabric's Spin. Polling avoids the wakeup of a sleeping thread, which costs
+// tens of microseconds on a VM without halt-polling; results/fabric.md has the measurements.
+func spinFlag(usage string) cli.Flag {
+	return &cli.DurationFlag{Name: "spin", Usage: usage + "; default 0: sleep at once (results/fabric.md)"}
+}
+
+func checkSpin(c *cli.Context) (time.Duration, error) {
+	d := c.Duration("spin")
+	if d < 0 || d > maxSpin {
+		return 0, usagef("--spin %v: give 0 to %v", d, maxSpin)
+	}
+	return d, nil
 }
 
 // onThisHost says whether a HOST:PORT names this host (in this network namespace).

@@ -31,6 +31,10 @@ func TestTransportBadInput(t *testing.T) {
 		{[]string{"run", "--ctrl", ctl, "--token-file", tok, "--shm", "/run/x", "--local-mem", "64MiB", "--", "true"}, "--shm DIR applies to --transport shm"},
 		{[]string{"run", "--ctrl", ctl, "--token-file", tok, "--transport", "shm", "--shm", "rel", "--local-mem", "64MiB", "--", "true"}, "give an absolute directory"},
 		{[]string{"memserver", "--ctrl", ctl, "--token-file", tok, "--capacity", "64MiB", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--shm", "rel"}, "give an absolute directory"},
+		{[]string{"run", "--ctrl", ctl, "--token-file", tok, "--spin", "5ms", "--local-mem", "64MiB", "--", "true"}, "--spin 5ms: give 0 to 1ms"},
+		{[]string{"run", "--spin", "50us", "--local-mem", "64MiB", "--", "true"}, "give --ctrl"},
+		{[]string{"memserver", "--ctrl", ctl, "--token-file", tok, "--capacity", "64MiB", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--spin", "-1s"}, "--spin -1s: give 0 to 1ms"},
+		{[]string{"memserver", "--ctrl", ctl, "--token-file", tok, "--capacity", "64MiB", "--spin", "fast"}, "spin"},
 		{[]string{"memserver", "--ctrl", ctl, "--token-file", tok, "--capacity", "64MiB", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--shm", "/" + strings.Repeat("d", 120)}, "longer than a unix socket allows"},
 	} {
 		out, err := exec.Command(farmemBin(t), c.args...).CombinedOutput()
@@ -112,7 +116,7 @@ func TestMemserverSHMTransport(t *testing.T) {
 	waitFor("the plain memory server counted dead", func(st ctrl.Status) bool { return st.Servers != nil && !healthy(plain)(st) })
 
 	mem := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	start("shm memserver", "memserver", "--listen", mem, "--capacity", "256MiB", "--ctrl", addr, "--token-file", tok, "--shm", shmDir)
+	start("shm memserver", "memserver", "--listen", mem, "--capacity", "256MiB", "--ctrl", addr, "--token-file", tok, "--shm", shmDir, "--spin", "50us")
 	waitFor("the shm memory server up", healthy(mem))
 	cmd := exec.Command(farmemBin(t), "run", "--ctrl", addr, "--token-file", tok, "--transport", "shm", "--shm", shmDir,
 		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "2")
@@ -129,5 +133,13 @@ func TestMemserverSHMTransport(t *testing.T) {
 	}
 	if _, err := os.Stat(shmSocket(shmDir, mem)); err != nil {
 		t.Fatalf("the memory server's socket: %v", err)
+	}
+
+	// The same server over tcp, both ends polling (--spin).
+	out, err = exec.Command(farmemBin(t), "run", "--ctrl", addr, "--token-file", tok, "--spin", "50us",
+		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1").CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "micro: OK bad=0") || strings.Contains(string(out), "shared memory") {
+		t.Fatalf("micro under farmem --spin 50us over tcp: %v", err)
 	}
 }
