@@ -35,11 +35,21 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzParseHeader -fuzztime $(FUZZTIME) ./fabric/
 
 # Benchmarks write to results/; not part of the tests. bench-smoke is the short CI-sized run.
-bench: build
+bench: build bench-fabric
 	workloads/bench/redis.sh 300000 100000
 
-bench-smoke: build
+bench-smoke: build bin/bench-fabric
 	ROUNDS=1 OUT=/tmp/farmem-bench-smoke.md workloads/bench/redis.sh 60000 5000
+	bin/bench-fabric -n 2000 -batches 20 -faults 1000 -rounds 1 -out /tmp/farmem-bench-fabric-smoke.md
+
+# The transports (tcp, shm) against the raw floors measured in the same run (about 20 s, as root:
+# the fault-service table needs userfaultfd): results/fabric.md.
+.PHONY: bench-fabric bin/bench-fabric
+bench-fabric: bin/bench-fabric
+	bin/bench-fabric -out results/fabric.md
+bin/bench-fabric:
+	@mkdir -p bin
+	$(GO) build -o $@ ./workloads/bench/fabric
 
 # The rdma transport's tests, for real: boots Debian's 6.1 kernel under qemu (TCG) with rdma_rxe
 # on a dummy netdev and runs the C probe and `go test -tags rdma ./fabric/` inside it (as root;
