@@ -314,26 +314,14 @@ func (t *TCPClient) Free(slab uint64) error {
 }
 
 // Write implements Transport.
-func (t *TCPClient) Write(addrs []Addr, pages []byte) error {
-	if err := checkPages(addrs, pages); err != nil {
-		return err
-	}
-	return t.do(func(c *clientConn) error {
-		for len(addrs) > 0 {
-			n := min(len(addrs), MaxPages)
-			a := c.addrs[:n*AddrSize]
-			PutAddrs(a, addrs[:n])
-			if err := c.call(OpWrite, n, [][]byte{a, pages[:n*PageSize]}, nil); err != nil {
-				return err
-			}
-			addrs, pages = addrs[n:], pages[n*PageSize:]
-		}
-		return nil
-	})
-}
+func (t *TCPClient) Write(addrs []Addr, pages []byte) error { return t.transfer(OpWrite, addrs, pages) }
 
 // Read implements Transport.
-func (t *TCPClient) Read(addrs []Addr, pages []byte) error {
+func (t *TCPClient) Read(addrs []Addr, pages []byte) error { return t.transfer(OpRead, addrs, pages) }
+
+// transfer moves pages in requests of at most MaxPages: a Write's pages follow its addresses,
+// a Read's come back as the answer.
+func (t *TCPClient) transfer(op Op, addrs []Addr, pages []byte) error {
 	if err := checkPages(addrs, pages); err != nil {
 		return err
 	}
@@ -342,7 +330,13 @@ func (t *TCPClient) Read(addrs []Addr, pages []byte) error {
 			n := min(len(addrs), MaxPages)
 			a := c.addrs[:n*AddrSize]
 			PutAddrs(a, addrs[:n])
-			if err := c.call(OpRead, n, [][]byte{a}, pages[:n*PageSize]); err != nil {
+			var err error
+			if op == OpWrite {
+				err = c.call(op, n, [][]byte{a, pages[:n*PageSize]}, nil)
+			} else {
+				err = c.call(op, n, [][]byte{a}, pages[:n*PageSize])
+			}
+			if err != nil {
 				return err
 			}
 			addrs, pages = addrs[n:], pages[n*PageSize:]

@@ -382,10 +382,12 @@ func (rt *Runtime) rescanLoop() {
 			anon[p] = s.anonPages()
 			total += anon[p]
 		}
+		// anon now holds every live process that said hello: whatever else is kept is gone.
 		for p, s := range statms {
-			if !rt.live(p) {
+			if _, ok := anon[p]; !ok {
 				s.close()
 				delete(statms, p)
+				delete(last, p)
 			}
 		}
 		t.Reset(pollInterval(rt.armed.Load() || total >= rt.ArmPages, total, rt.ArmPages))
@@ -412,11 +414,6 @@ func (rt *Runtime) rescanLoop() {
 		if rt.Evictor.Used() > rt.Evictor.High {
 			rt.kickEvictor()
 		}
-		for p := range last {
-			if !rt.live(p) {
-				delete(last, p)
-			}
-		}
 	}
 }
 
@@ -435,12 +432,6 @@ func (rt *Runtime) arm(total int64, procs map[*Process]int64) {
 	for p := range procs {
 		p.WakeIfWaiting()
 	}
-}
-
-func (rt *Runtime) live(p *Process) bool {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	return rt.procs[p]
 }
 
 // Rescan registers every private anonymous writable mapping of at least MinRegister bytes.

@@ -2,7 +2,6 @@ package remote
 
 import (
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,17 +128,23 @@ func (sv *server) read(a fabric.Addr, dst []byte) error {
 }
 
 // sortByPreference orders copies to read from: servers that have not failed first, then the
-// lower read latency, then the fewer corrupt pages. Failed ones stay as a last resort: a
-// request that timed out once may still be answered.
+// fewer corrupt pages, then the lower read latency. Failed ones stay as a last resort: a
+// request that timed out once may still be answered. It runs on every backend fault, over a
+// handful of copies: an insertion sort, no allocation.
 func sortByPreference(order []*server) {
-	sort.SliceStable(order, func(i, j int) bool {
-		a, b := order[i], order[j]
-		if da, db := a.isDown(), b.isDown(); da != db {
-			return !da
+	for i := 1; i < len(order); i++ {
+		for j := i; j > 0 && preferred(order[j], order[j-1]); j-- {
+			order[j], order[j-1] = order[j-1], order[j]
 		}
-		if ca, cb := a.corrupt.Load(), b.corrupt.Load(); ca != cb {
-			return ca < cb
-		}
-		return a.latency.Load() < b.latency.Load()
-	})
+	}
+}
+
+func preferred(a, b *server) bool {
+	if da, db := a.isDown(), b.isDown(); da != db {
+		return !da
+	}
+	if ca, cb := a.corrupt.Load(), b.corrupt.Load(); ca != cb {
+		return ca < cb
+	}
+	return a.latency.Load() < b.latency.Load()
 }

@@ -185,16 +185,15 @@ func (s *Store) Store(src []byte, slots []backend.Slot) error {
 	// copy that gathers a slab's pages together.
 	bySlab := map[*slab][]int{}
 	var order []*slab
+	s.mu.Lock() // take just handed these slots out: each names a slab we hold
 	for i := 0; i < n; i++ {
-		sl, _, err := s.slot(slots[i])
-		if err != nil {
-			return err
-		}
+		sl := s.slabs[uint64(slots[i])>>32-1]
 		if bySlab[sl] == nil {
 			order = append(order, sl)
 		}
 		bySlab[sl] = append(bySlab[sl], i)
 	}
+	s.mu.Unlock()
 	for _, sl := range order {
 		idx := bySlab[sl]
 		pages := make([]uint32, len(idx))

@@ -33,7 +33,24 @@ type netCluster struct {
 type netServer struct {
 	ns, link, addr string
 	cmd            *exec.Cmd
-	log            *bytes.Buffer
+}
+
+// startLogged starts argv with its output collected, and kills it at the end of the test,
+// logging that output.
+func startLogged(t *testing.T, name string, argv ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var log bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Logf("%s log:\n%s", name, log.String())
+	})
+	return cmd, &log
 }
 
 func ip(t *testing.T, args ...string) {
@@ -59,18 +76,8 @@ func newNetCluster(t *testing.T, servers int) *netCluster {
 	ip(t, "addr", "add", "10.77.0.1/32", "dev", "lo")
 	t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.77.0.1/32", "dev", "lo").Run() })
 	c.ctrl = fmt.Sprintf("10.77.0.1:%d", freePort(t))
-	cmd := exec.Command(farmemBin(t), "ctrl", "--listen", c.ctrl, "--state", filepath.Join(dir, "ctrl"),
+	startLogged(t, "ctrl", farmemBin(t), "ctrl", "--listen", c.ctrl, "--state", filepath.Join(dir, "ctrl"),
 		"--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s")
-	var clog bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &clog, &clog
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Logf("ctrl log:\n%s", clog.String())
-	})
 	for i := 1; i <= servers; i++ {
 		c.addServer(i)
 	}
@@ -89,7 +96,7 @@ func newNetCluster(t *testing.T, servers int) *netCluster {
 func (c *netCluster) addServer(i int) {
 	t := c.t
 	s := &netServer{ns: fmt.Sprintf("%ss%d", c.tag, i), link: fmt.Sprintf("%sv%d", c.tag, i),
-		addr: fmt.Sprintf("10.77.%d.2:7070", i), log: &bytes.Buffer{}}
+		addr: fmt.Sprintf("10.77.%d.2:7070", i)}
 	ip(t, "netns", "add", s.ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", s.ns).Run() })
 	ip(t, "link", "add", s.link, "type", "veth", "peer", "name", "eth0", "netns", s.ns)
@@ -100,17 +107,8 @@ func (c *netCluster) addServer(i int) {
 	ip(t, "-n", s.ns, "link", "set", "eth0", "up")
 	ip(t, "-n", s.ns, "link", "set", "lo", "up")
 	ip(t, "-n", s.ns, "route", "add", "default", "via", fmt.Sprintf("10.77.%d.1", i))
-	s.cmd = exec.Command("ip", "netns", "exec", s.ns, farmemBin(t), "memserver", "--listen", s.addr,
-		"--capacity", "512MiB", "--ctrl", c.ctrl, "--token-file", c.token)
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		s.cmd.Process.Kill()
-		s.cmd.Wait()
-		t.Logf("memserver %s log:\n%s", s.addr, s.log.String())
-	})
+	s.cmd, _ = startLogged(t, "memserver "+s.addr, "ip", "netns", "exec", s.ns, farmemBin(t), "memserver",
+		"--listen", s.addr, "--capacity", "512MiB", "--ctrl", c.ctrl, "--token-file", c.token)
 	c.servers = append(c.servers, s)
 }
 
@@ -271,13 +269,7 @@ func TestClusterBadInput(t *testing.T) {
 	os.WriteFile(good, []byte("the-right-cluster-token-0123456789\n"), 0o600)
 	os.WriteFile(bad, []byte("some-other-cluster-token-98765432\n"), 0o600)
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	ctl := exec.Command(farmemBin(t), "ctrl", "--listen", addr, "--state", filepath.Join(dir, "ctrl"), "--token-file", good)
-	var clog bytes.Buffer
-	ctl.Stdout, ctl.Stderr = &clog, &clog
-	if err := ctl.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ctl.Process.Kill(); ctl.Wait() }()
+	startLogged(t, "ctrl", farmemBin(t), "ctrl", "--listen", addr, "--state", filepath.Join(dir, "ctrl"), "--token-file", good)
 	dialRetry(t, mustPort(t, addr)).Close()
 	unreachable := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	for _, c := range []struct {

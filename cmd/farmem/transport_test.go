@@ -60,18 +60,7 @@ func TestMemserverSHMTransport(t *testing.T) {
 	shmDir := filepath.Join(dir, "shm")
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	start := func(name string, args ...string) (*exec.Cmd, *bytes.Buffer) {
-		cmd := exec.Command(farmemBin(t), args...)
-		var log bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &log, &log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Logf("%s log:\n%s", name, log.String())
-		})
-		return cmd, &log
+		return startLogged(t, name, append([]string{farmemBin(t)}, args...)...)
 	}
 	start("ctrl", "ctrl", "--listen", addr, "--state", filepath.Join(dir, "ctrl"), "--token-file", tok, "--slab-size", "4MiB")
 	dialRetry(t, mustPort(t, addr)).Close()
