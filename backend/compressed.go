@@ -116,6 +116,11 @@ func (c *Compressed) Load(s Slot, dst []byte) error {
 func (c *Compressed) Free(slots ...Slot) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed && len(slots) > 0 {
+		// Every slot's owner must release it before the store closes: one that has not is a
+		// shutdown-order bug in the runtime, not a double free.
+		panic(fmt.Sprintf("backend: free of slot %d after Close", slots[0]))
+	}
 	for _, s := range slots {
 		if !c.classes[s&classMask].release(int(s >> classBits)) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))

@@ -356,6 +356,14 @@ func TestCompressedClose(t *testing.T) {
 		if err := s.Store(pages[0], slots); err == nil {
 			t.Errorf("%s: Store after Close succeeded", name)
 		}
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(r.(string), "after Close") {
+					t.Errorf("%s: Free after Close: panic %v, want one naming the Close", name, r)
+				}
+			}()
+			s.Free(slots[0])
+		}()
 		if err := s.Close(); err != nil {
 			t.Errorf("%s: second Close: %v", name, err)
 		}

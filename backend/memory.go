@@ -60,6 +60,11 @@ func (m *Memory) Load(s Slot, dst []byte) error {
 func (m *Memory) Free(slots ...Slot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed && len(slots) > 0 {
+		// Every slot's owner must release it before the store closes: one that has not is a
+		// shutdown-order bug in the runtime, not a double free.
+		panic(fmt.Sprintf("backend: free of slot %d after Close", slots[0]))
+	}
 	for _, s := range slots {
 		if !m.pages.release(int(s)) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))

@@ -65,6 +65,12 @@ type Runtime struct {
 	procs    map[*Process]bool       // protected by mu
 	byPid    map[int]*Process        // protected by mu
 	forks    map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent, in fork order
+	// retiring counts retires between leaving procs and having released everything the
+	// process held (slots, fds). A process is live until then: the backend must outlive the
+	// last slot release, so Live and Close wait for these too. Protected by mu; retired is
+	// signalled (with mu) when it drops to zero.
+	retiring int
+	retired  *sync.Cond
 	failure  error                   // protected by mu; first unrecoverable error
 	stop     chan struct{}
 	finished sync.WaitGroup
@@ -82,6 +88,7 @@ func NewRuntime(capPages int64, b backend.Backend) *Runtime {
 		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{},
 		stop: make(chan struct{}),
 	}
+	rt.retired = sync.NewCond(&rt.mu)
 	rt.armed.Store(rt.ArmPages <= 0)
 	rt.Evictor = evictor.New(capPages, &rt.Resident, b, rt.targets)
 	rt.finished.Add(2)
@@ -283,7 +290,15 @@ func (rt *Runtime) retire(p *Process) {
 		defer rt.retireLater(c)
 	}
 	delete(rt.forks, p)
+	rt.retiring++
 	rt.mu.Unlock()
+	defer func() {
+		rt.mu.Lock()
+		if rt.retiring--; rt.retiring == 0 {
+			rt.retired.Broadcast()
+		}
+		rt.mu.Unlock()
+	}()
 	p.Stop()
 	p.agentMu.Lock()
 	if p.agent != nil {
@@ -321,11 +336,12 @@ func (rt *Runtime) Pids() []int {
 	return out
 }
 
-// Live returns the number of processes still served.
+// Live returns the number of processes still served or still being retired: once it is 0,
+// nothing holds a slot of the backend any more.
 func (rt *Runtime) Live() int {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return len(rt.procs)
+	return len(rt.procs) + rt.retiring
 }
 
 // Close stops everything.
@@ -333,6 +349,13 @@ func (rt *Runtime) Close() {
 	for _, t := range rt.targets() {
 		rt.retire(t.(*Process))
 	}
+	// A retire begun elsewhere (the exit watcher) may still be releasing slots; the caller
+	// closes the backend as soon as Close returns.
+	rt.mu.Lock()
+	for rt.retiring > 0 {
+		rt.retired.Wait()
+	}
+	rt.mu.Unlock()
 	close(rt.stop)
 	rt.finished.Wait()
 }

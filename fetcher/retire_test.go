@@ -1,0 +1,86 @@
+package fetcher
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/uffd"
+	"golang.org/x/sys/unix"
+)
+
+// A process whose retire has begun but not yet released its slots is still live: the launcher
+// closes the backend once Live reaches 0 and Close returns, and a slot released after that
+// would free into a closed store. (CI caught exactly this: an exit watcher's retire, waiting
+// for an eviction batch to finish, cleared its page table after the backend had closed.)
+func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for userfaultfd")
+	}
+	b := backend.NewCompressed(nil)
+	rt := NewRuntime(1<<20, b)
+	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := uffd.API(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProcess(rt, fd, pagetable.New(&rt.Resident, rt.Slots))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	rt.procs[p] = true
+	rt.mu.Unlock()
+	go p.serve()
+
+	// The process holds one stored page.
+	page := make([]byte, PageSize)
+	page[0] = 1
+	slot := []backend.Slot{0}
+	if err := b.Store(page, slot); err != nil {
+		t.Fatal(err)
+	}
+	p.table.Lock()
+	p.table.Install(0x7000_0000, false, slot[0])
+	p.table.Unlock()
+
+	// An eviction batch is in flight on it when it exits.
+	if !p.Hold() {
+		t.Fatal("Hold of a live process failed")
+	}
+	retired := make(chan struct{})
+	go func() { rt.retire(p); close(retired) }()
+	for {
+		rt.mu.Lock()
+		left := !rt.procs[p]
+		rt.mu.Unlock()
+		if left {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n := rt.Live(); n != 1 {
+		t.Fatalf("Live() = %d while the process's retire waits for its eviction batch, want 1", n)
+	}
+	closed := make(chan struct{})
+	go func() { rt.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a retire had not released the process's slots")
+	case <-time.After(50 * time.Millisecond):
+	}
+	p.Release()
+	<-retired
+	<-closed
+	if n := rt.Live(); n != 0 {
+		t.Errorf("Live() = %d after the retire finished, want 0", n)
+	}
+	if n := b.Stored(); n != 0 {
+		t.Errorf("%d pages still stored after every process retired, want 0", n)
+	}
+	b.Close()
+}
