@@ -8,8 +8,11 @@
 # busybox-static plus the payload and the shared libraries it needs. The guest prints to the
 # serial console and powers off; this script parses the console and fails loudly.
 #
-# Stages (each must pass): the C probe (one 4 KiB RDMA READ between two queue pairs), then the
-# fabric package's rdma tests (go test -c -tags rdma ./fabric/, run as root in the guest).
+# Stages (each must pass): the C probe (one 4 KiB RDMA READ between two queue pairs), the
+# fabric package's rdma tests (go test -c -tags rdma ./fabric/, run as root in the guest), and
+# end to end: farmem ctrl + farmem memserver + `farmem run --transport rdma` of the micro
+# workload (64 MiB, random pattern, checksummed) at a 16 MiB cap, all built with -tags rdma;
+# micro must verify every page and farmem must have served faults from the memory server.
 #
 # Cache: the kernel and its modules go to $RDMA_CACHE (default .cache/rdma-guest, git-ignored);
 # delete it to fetch the current kernel again. Needs root for apt-get only when a package is
@@ -43,7 +46,12 @@ fi
 
 # 2. The guest kernel and the modules rdma_rxe needs, with their dependencies in load order.
 if [ ! -s "$cache/vmlinuz" ] || [ ! -s "$cache/mods/order" ]; then
-  pkg=${RDMA_KERNEL_PKG:-$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}')}
+  kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
+  pkg=${RDMA_KERNEL_PKG:-$(kernel_pkg)}
+  if [ -z "$pkg" ] && [ "$(id -u)" = 0 ]; then
+    # A fresh machine may have no package lists yet.
+    apt-get update -qq && pkg=$(kernel_pkg)
+  fi
   [ -n "$pkg" ] || die "apt-cache names no kernel for linux-image-amd64 (apt-get update?)"
   say "fetching $pkg"
   tmp=$(mktemp -d)
@@ -79,16 +87,36 @@ trap 'rm -rf "$work"' EXIT
 gcc -O2 -Wall -o "$work/probe" "$here/probe.c" -libverbs || die "building the probe"
 (cd "$repo" && CGO_ENABLED=1 $GO vet -tags rdma ./fabric/) || die "go vet -tags rdma ./fabric/"
 (cd "$repo" && CGO_ENABLED=1 $GO test -c -tags rdma -o "$work/fabric.test" ./fabric/) || die "go test -c -tags rdma ./fabric/"
+(cd "$repo" && make -s shim bin/micro && CGO_ENABLED=1 $GO build -tags rdma -o "$work/farmem" ./cmd/farmem) || die "building farmem with -tags rdma"
+cp "$repo/bin/micro" "$work/micro"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
 cat > "$work/run" <<RUN
 #!/bin/sh
 # Runs in the guest as root, from /payload.
 ./probe || { echo "RDMA-TEST: FAIL probe"; exit 1; }
 ./fabric.test -test.run '$tests' -test.v -test.count=1 -test.timeout $((guest_timeout - 40))s
 rc=\$?
-[ \$rc = 0 ] && echo "RDMA-TEST: PASS" || echo "RDMA-TEST: FAIL go test exited \$rc"
-exit \$rc
+[ \$rc = 0 ] || { echo "RDMA-TEST: FAIL go test exited \$rc"; exit \$rc; }
+echo "RDMA-TEST: PASS"
+# End to end over verbs: a capped program's pages live on a memory server.
+chmod 600 token
+./farmem ctrl --listen 127.0.0.1:7000 --state /tmp/ctrl --token-file token > /tmp/ctrl.log 2>&1 &
+./farmem memserver --listen 127.0.0.1:7070 --capacity 256MiB --ctrl 127.0.0.1:7000 --token-file token > /tmp/memserver.log 2>&1 &
+i=0
+until ./farmem status --ctrl 127.0.0.1:7000 --token-file token 2>/dev/null | grep -q 127.0.0.1:7070; do
+  i=\$((i + 1)); [ \$i -lt 100 ] || { cat /tmp/ctrl.log /tmp/memserver.log; echo "RDMA-E2E: FAIL the memory server did not register"; exit 1; }
+  sleep 0.2
+done
+./farmem run --ctrl 127.0.0.1:7000 --token-file token --transport rdma --local-mem 16MiB -- \
+  ./micro --mib 64 --pattern random --passes 1 > /tmp/run.log 2>&1
+rc=\$?
+cat /tmp/run.log
+[ \$rc = 0 ] || { cat /tmp/memserver.log; echo "RDMA-E2E: FAIL farmem run exited \$rc"; exit 1; }
+grep -q '^micro: OK bad=0' /tmp/run.log || { echo "RDMA-E2E: FAIL micro did not verify its pages"; exit 1; }
+grep -Eq 'backend [1-9][0-9]*;' /tmp/run.log || { echo "RDMA-E2E: FAIL no fault was served from the memory server"; exit 1; }
+echo "RDMA-E2E: PASS"
 RUN
-"$here/mkinitramfs.sh" "$work/initrd.gz" "$cache/mods" "$work/probe" "$work/fabric.test" "$work/run"
+"$here/mkinitramfs.sh" "$work/initrd.gz" "$cache/mods" "$work/probe" "$work/fabric.test" "$work/farmem" "$work/micro" "$work/token" "$work/run"
 say "payload built in $(($(date +%s) - t0))s; booting the guest (TCG, timeout ${guest_timeout}s)"
 
 # 4. Boot, with the console on stdout and in a log; parse the log.
@@ -105,6 +133,7 @@ say "guest ran $(($(date +%s) - t1))s (qemu exit $qrc), whole run $(($(date +%s)
 [ "$qrc" = 124 ] && die "the guest did not power off within ${guest_timeout}s"
 grep -q '^probe: PASS' "$log" || die "the probe did not pass (see $log)"
 grep -q '^RDMA-TEST: PASS' "$log" || die "the rdma tests did not pass (see $log)"
+grep -q '^RDMA-E2E: PASS' "$log" || die "farmem run --transport rdma did not pass end to end (see $log)"
 if [ "$tests" = RDMA ]; then
   grep -q -- '^--- PASS: TestConformanceRDMA' "$log" || die "TestConformanceRDMA did not run and pass (see $log)"
 fi
