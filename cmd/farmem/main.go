@@ -45,7 +45,7 @@ func main() {
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
 			return usageError{err.Error()}
 		},
-		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand()},
+		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), simCommand()},
 	}
 	err := app.Run(os.Args)
 	var ue usageError
