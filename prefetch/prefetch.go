@@ -5,7 +5,7 @@
 // (Access) that answers with page numbers. It does no I/O, reads no clock, starts no
 // goroutine and takes no lock; the fault path (fetcher) owns one Prefetcher per process,
 // calls it from that process's fault thread, and fetches what it returns. Recorded fault
-// traces are scored offline by the same code through Replay (replay.go), so what `farmem sim`
+// traces are scored offline by the same code through a Replayer, so what `farmem sim`
 // measures is what `farmem run` does.
 //
 // # Majority-trend prefetching (Leap)
@@ -53,8 +53,9 @@
 //     mm/readahead.c: on a miss, the window is the hits since the last miss plus 2, rounded up
 //     to a power of two (at least 4), capped at Max and never below half the last window; with
 //     no hit it is 2 if this fault is next to the last one and 1 (no read-ahead) otherwise.
-//     It fetches the Max-aligned cluster of that many pages around the fault. Like Linux it
-//     starts with 4 hits in hand, so the first fault reads a whole cluster.
+//     It fetches the other pages of the aligned cluster of that many pages holding the fault
+//     (from the fault's page rounded down to a multiple of the window), nearest first. Like
+//     Linux it starts with 4 hits in hand, so a process's first fault reads a whole cluster.
 //
 // # Page numbers
 //

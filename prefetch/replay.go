@@ -2,29 +2,6 @@ package prefetch
 
 import "fmt"
 
-// Replaying a fault trace
-//
-// A Replayer scores a prefetcher on a stream of demand faults the way the fault path would
-// use it, with no I/O and no clock:
-//
-//   - Each process (pid) has its own Prefetcher, made by New from one Config on the
-//     process's first fault: a forked child starts with an empty history, as it does live.
-//   - One prefetch cache of a bounded number of pages serves all processes, keyed by (pid,
-//     page). It is Leap's eager-eviction FIFO: a hit takes the page out of the cache at once
-//     (it is now mapped in the process, not cached), and when the cache is full the oldest
-//     prefetched page goes first.
-//   - A fault whose page is in the cache is a hit, anything else a miss. Either way the
-//     fault is fed to the process's prefetcher (with hit set accordingly) and each page it
-//     predicts that is not in the cache already is issued: counted as prefetched and cached.
-//     The fetch is assumed to complete before the next fault (see Lead for how early).
-//
-// A recorded trace (faulttrace, `farmem run --record-faults`) is a trace of the recording
-// run's misses: faults its own prefetcher served are not in it, and the pages it prefetched
-// were never evicted again. Record with `--prefetch none` to score prefetchers on the
-// program's real stream of re-faults. Pages the program had resident are unknown to the
-// trace: a prediction of one counts as prefetched and, never faulted, as pollution, where
-// the live fetcher would have skipped it.
-
 // Metrics are Leap's measures of a prefetcher over one replay.
 type Metrics struct {
 	Prefetcher string `json:"prefetcher"`
@@ -36,7 +13,7 @@ type Metrics struct {
 	// Pollution is the prefetched pages never used: pushed out of the full cache by newer
 	// ones (Evicted) or still in it when the stream ended. Prefetched = Hits + Pollution.
 	Pollution uint64 `json:"pollution"`
-	Evicted   uint64 `json:"evicted"`
+	Evicted   uint64 `json:"evicted"` // pollution pushed out of the full cache before its use
 	// Accuracy = Hits / Prefetched: how much of what was fetched was used.
 	Accuracy float64 `json:"accuracy"`
 	// Coverage = Hits / Faults: how many faults the prefetcher saved from far memory.
@@ -44,8 +21,8 @@ type Metrics struct {
 	// Lead is the timeliness proxy. A hit's lead is how many faults of its own process
 	// separate the fault that issued the page from the fault that used it (1: issued by the
 	// fault just before). The trace has no fetch latencies, so lead stands in for the time a
-	// prefetch had to arrive: in a live run a page with lead 1 had one fault's service time,
-	// a few microseconds, and may still have been in flight (a late prefetch, which Leap
+	// prefetch had to arrive: in a live run a page with lead 1 had only the time from one
+	// fault to the next, and may still have been in flight (a late prefetch, which Leap
 	// counts as a hit but not a timely one); a long lead had many. LeadP50 is the median and
 	// LeadMean the mean over all hits (0 without hits); LeadOne counts the hits of lead 1.
 	LeadP50  uint64  `json:"lead_p50"`
@@ -81,8 +58,28 @@ type process struct {
 // leadBuckets bounds the lead histogram: longer leads count as this long for the median.
 const leadBuckets = 1 << 16
 
-// Replayer replays demand faults through one prefetcher per process and a shared FIFO
-// prefetch cache (see the comment above Metrics). Not safe for concurrent use.
+// Replayer scores a prefetcher on a stream of demand faults the way the fault path would
+// use it, with no I/O and no clock:
+//
+//   - Each process (pid) has its own Prefetcher, made by New from one Config on the
+//     process's first fault: a forked child starts with an empty history, as it does live.
+//   - One prefetch cache of a bounded number of pages serves all processes, keyed by (pid,
+//     page). It is Leap's eager-eviction FIFO: a hit takes the page out of the cache at once
+//     (it is now mapped in the process, not cached), and when the cache is full the oldest
+//     prefetched page goes first.
+//   - A fault whose page is in the cache is a hit, anything else a miss. Either way the
+//     fault is fed to the process's prefetcher (with hit set accordingly) and each page it
+//     predicts that is not in the cache already is issued: counted as prefetched and cached.
+//     The fetch is assumed to complete before the next fault (see Lead for how early).
+//
+// A recorded trace (faulttrace, `farmem run --record-faults`) is a trace of the recording
+// run's misses: faults its own prefetcher served are not in it, and the pages it prefetched
+// were never evicted again. Record with `--prefetch none` to score prefetchers on the
+// program's real stream of re-faults. Pages the program had resident are unknown to the
+// trace: a prediction of one counts as prefetched and, never faulted, as pollution, where
+// the live fetcher would have skipped it.
+//
+// Not safe for concurrent use.
 type Replayer struct {
 	config Config
 	procs  map[uint32]*process // by pid, made on a pid's first fault
