@@ -34,3 +34,12 @@ type Backend interface {
 	StoredBytes() int64
 	Close() error
 }
+
+// BatchLoader is a Backend that reads several pages in one go: a memory server answers them in
+// one round trip instead of one each. The prefetch worker uses it when the backend has it.
+type BatchLoader interface {
+	// LoadBatch reads slot slots[i]'s page into dst[i*PageSize:(i+1)*PageSize] for every i.
+	// On an error any page may be unread: the caller falls back to Load, page by page, which
+	// tries every copy and says what failed.
+	LoadBatch(slots []Slot, dst []byte) error
+}

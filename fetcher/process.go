@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/uffd"
@@ -50,8 +51,12 @@ type Process struct {
 	regMu      sync.Mutex
 	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
 
-	zero  zeroStreams // fault-thread-only: sequential first-touch detection
-	place placement   // fault-thread-only: which CPU the fault thread runs on
+	zero zeroStreams   // fault-thread-only: sequential first-touch detection
+	pf   prefetchState // fault-thread-only (under the table lock); pf.pred nil: no prefetching
+	// prefetchQ carries the fault thread's predictions to the prefetch worker; nil without a
+	// predictor. Closed by retire once the fault thread has stopped.
+	prefetchQ chan prefetchBatch
+	place     placement // fault-thread-only: which CPU the fault thread runs on
 
 	done     chan struct{} // closed when the fault thread has exited
 	failOnce sync.Once
@@ -85,7 +90,27 @@ func newProcess(rt *Runtime, fd int, table *pagetable.PageTable) (*Process, erro
 		unix.Close(stop)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	return &Process{rt: rt, fd: fd, table: table, stop: stop, room: room, place: newPlacement(), registered: make(map[uint64]uint64), done: make(chan struct{})}, nil
+	p := &Process{rt: rt, fd: fd, table: table, stop: stop, room: room, place: newPlacement(), registered: make(map[uint64]uint64), done: make(chan struct{})}
+	if rt.NewPredictor != nil {
+		p.pf.pred = rt.NewPredictor()
+		if _, remote := rt.Slots.Backend().(backend.BatchLoader); remote {
+			p.prefetchQ = make(chan prefetchBatch, 16)
+		} else {
+			p.pf.inline = &struct {
+				w   prefetchWork
+				buf []byte
+			}{buf: make([]byte, maxPrefetchBatch*ps)}
+		}
+	}
+	return p, nil
+}
+
+// start runs the process's fault thread and, with a predictor, its prefetch worker.
+func (p *Process) start() {
+	go p.serve()
+	if p.prefetchQ != nil {
+		go p.prefetchLoop()
+	}
 }
 
 // Pid implements evictor.Target.

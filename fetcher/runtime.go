@@ -39,6 +39,9 @@ type Stats struct {
 	Latency      [NumSources]latency.Histogram
 	Removes      atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
 	ArmedAtPages atomic.Int64 // the anonymous RSS at which the run armed (0: armed from the start, or never)
+	// Prefetching: pages queued for the workers, installed by them, and used by the program
+	// (map mode: inferred from where the next miss landed; cache mode: faults that hit).
+	PrefetchIssued, PrefetchInstalled, PrefetchUsed atomic.Int64
 }
 
 // Runtime owns every process of one `farmem run`.
@@ -57,21 +60,25 @@ type Runtime struct {
 	Stats    Stats
 	// MinRegister is the smallest anonymous mapping registered (shim and rescan alike).
 	MinRegister uint64
+	// NewPredictor makes each process's prefetcher (a fork child gets a fresh one); nil: no
+	// prefetching. Set both before the first Attach.
+	NewPredictor func() Predictor
+	PrefetchMode PrefetchMode
 
 	armed  atomic.Bool // set once, never cleared
 	arming atomic.Bool // the first rescan after arming is adopting pages: program faults wait
 
-	mu       sync.Mutex
-	procs    map[*Process]bool       // protected by mu
-	byPid    map[int]*Process        // protected by mu
-	forks    map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent, in fork order
+	mu    sync.Mutex
+	procs map[*Process]bool       // protected by mu
+	byPid map[int]*Process        // protected by mu
+	forks map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent, in fork order
 	// retiring counts retires between leaving procs and having released everything the
 	// process held (slots, fds). A process is live until then: the backend must outlive the
 	// last slot release, so Live and Close wait for these too. Protected by mu; retired is
 	// signalled (with mu) when it drops to zero.
 	retiring int
 	retired  *sync.Cond
-	failure  error                   // protected by mu; first unrecoverable error
+	failure  error // protected by mu; first unrecoverable error
 	stop     chan struct{}
 	finished sync.WaitGroup
 }
@@ -161,7 +168,7 @@ func (rt *Runtime) Attach(pid, fd int) (*Process, error) {
 	if old != nil {
 		rt.retire(old)
 	}
-	go p.serve()
+	p.start()
 	rt.watchExit(p, pid)
 	return p, nil
 }
@@ -180,7 +187,7 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 	rt.procs[c] = true
 	rt.forks[parent] = append(rt.forks[parent], c)
 	rt.mu.Unlock()
-	go c.serve()
+	c.start()
 }
 
 // AttachForked attaches a fork child that said hello with a fresh uffd of its own (fd).
@@ -300,6 +307,9 @@ func (rt *Runtime) retire(p *Process) {
 		rt.mu.Unlock()
 	}()
 	p.Stop()
+	if p.prefetchQ != nil {
+		close(p.prefetchQ) // the fault thread, its only sender, has stopped
+	}
 	p.agentMu.Lock()
 	if p.agent != nil {
 		p.agent.Close()

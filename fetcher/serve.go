@@ -154,7 +154,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 }
 
 // missing serves a MISSING fault: the page is absent from the program.
-func (p *Process) missing(pg uint64, write bool, buf []byte) (outcome, Source) {
+func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Source) {
 	t := p.table
 	t.Lock()
 	defer t.Unlock()
@@ -167,7 +167,14 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (outcome, Source) {
 		// Already installed (a batch filled it, or two threads faulted on it): just wake.
 		return p.wake(pg), FromZero
 	}
-	// Evicted.
+	// Evicted: a re-fault, which is what the prefetcher learns from.
+	if p.pf.pred != nil {
+		defer func() {
+			if o == served { // not a retry: the prefetcher sees each miss once
+				p.predict(pg) // after the install and its wake: the program runs on meanwhile
+			}
+		}()
+	}
 	if e.Slot == 0 {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
 		return p.installed(pg, n, err, true, 0), FromZero

@@ -22,6 +22,7 @@ import (
 
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/fetcher"
+	"github.com/farmem/farmem/prefetch"
 )
 
 //go:embed shim/libfarmem.so
@@ -33,6 +34,10 @@ type Options struct {
 	Argv     []string // program and its arguments
 	Backend  backend.Backend
 	Quiet    bool
+	// Prefetch chooses each process's prefetcher (its Name "none": no prefetching) and
+	// PrefetchMode how predicted pages reach the program.
+	Prefetch     prefetch.Config
+	PrefetchMode fetcher.PrefetchMode
 }
 
 // Run runs the program to completion and returns the exit status farmem should exit with.
@@ -56,6 +61,16 @@ func Run(o Options) (int, error) {
 	defer ln.Close()
 
 	rt := fetcher.NewRuntime(o.LocalMem/fetcher.PageSize, o.Backend)
+	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
+		if _, err := prefetch.New(o.Prefetch); err != nil {
+			return 0, err
+		}
+		rt.NewPredictor = func() fetcher.Predictor {
+			p, _ := prefetch.New(o.Prefetch) // validated above
+			return p
+		}
+		rt.PrefetchMode = o.PrefetchMode
+	}
 	defer rt.Close()
 	go acceptLoop(ln, rt)
 	if l, ok := o.Backend.(interface{ Lost() <-chan error }); ok {
@@ -150,6 +165,12 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	}
 	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB, %s; faults: zero-fill %d (%d pages), backend %d; evicted: written %d, clean dropped %d, zero %d; removes %d\n",
 		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
+	if rt.NewPredictor != nil {
+		used, installed, misses := s.PrefetchUsed.Load(), s.PrefetchInstalled.Load(), s.BackendFaults.Load()
+		fmt.Fprintf(os.Stderr, "farmem: prefetch %s (%s mode): issued %d, installed %d, used %d (accuracy %.0f%%, coverage %.0f%%)\n",
+			o.Prefetch.WithDefaults().Name, o.PrefetchMode, s.PrefetchIssued.Load(), installed, used,
+			100*float64(used)/float64(max(installed, 1)), 100*float64(used)/float64(max(used+misses, 1)))
+	}
 	if n := e.PeakStored.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "farmem: backend peak: %d pages in %d KiB (%.2fx)\n", n, e.PeakStoredBytes.Load()>>10,
 			float64(n*fetcher.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))

@@ -17,6 +17,8 @@
 //	          Zapping: the agent's madvise has not yet returned; the page may still be present.
 //	          WasWritten: the page was dirty when evicted; the fetcher predicts it will be
 //	          written again and installs it writable (and Dirty), saving the WP fault.
+//	          Prefetching: queued for the process's prefetch worker, so it is not queued
+//	          twice; the worker clears it when it takes the page, and any install resets it.
 package pagetable
 
 import (
@@ -44,8 +46,11 @@ type Entry struct {
 	Zapping  bool
 	// WasWritten: Evicted pages only; see the package doc. A prediction, never a correctness bit.
 	WasWritten bool
-	Seq        uint32 // bumped on each install; victim-queue items with an older Seq are stale
-	Slot       backend.Slot
+	// Prefetching: Evicted pages only; see the package doc. Never a correctness bit either:
+	// the worker re-checks the page under the lock before installing it.
+	Prefetching bool
+	Seq         uint32 // bumped on each install; victim-queue items with an older Seq are stale
+	Slot        backend.Slot
 }
 
 type victim struct {

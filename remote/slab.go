@@ -113,3 +113,38 @@ func (sl *slab) read(pg uint32, dst []byte) error {
 	}
 	return fmt.Errorf("remote: page %d of slab %d cannot be read from any copy: %s", pg, sl.id, strings.Join(msgs, "; "))
 }
+
+// readBatch reads the pages of slots (all in this slab, already range-checked by Store.slot)
+// from the preferred ready copy in one request and checks every page's sum.
+func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
+	sl.mu.RLock()
+	lost := sl.lost
+	var best *server
+	for _, r := range sl.replicas {
+		if r.ready && (best == nil || preferred(r.srv, best)) {
+			best = r.srv
+		}
+	}
+	sl.mu.RUnlock()
+	if lost != nil {
+		return lost
+	}
+	if best == nil {
+		return fmt.Errorf("remote: no ready copy of slab %d", sl.id)
+	}
+	var stack [32]fabric.Addr // a prefetch batch: no allocation
+	addrs := stack[:0]
+	for _, s := range slots {
+		addrs = append(addrs, fabric.Addr{Slab: sl.id, Page: uint32(s)})
+	}
+	if err := best.readMany(addrs, dst); err != nil {
+		return err
+	}
+	for i, a := range addrs {
+		if crc32.Checksum(dst[i*backend.PageSize:(i+1)*backend.PageSize], crcTable) != sl.sums[a.Page].Load() {
+			best.corrupt.Add(1)
+			return fmt.Errorf("memory server %s returned page %d of slab %d with a wrong checksum", best.addr, a.Page, sl.id)
+		}
+	}
+	return nil
+}

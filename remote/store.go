@@ -227,6 +227,27 @@ func (s *Store) Load(slot backend.Slot, dst []byte) error {
 	return sl.read(pg, dst[:backend.PageSize])
 }
 
+// LoadBatch implements backend.BatchLoader: each run of slots in one slab is one request to
+// that slab's preferred copy. Any failure (a server error, a page with a wrong checksum) fails
+// the batch: the caller then loads page by page, which fails over between copies.
+func (s *Store) LoadBatch(slots []backend.Slot, dst []byte) error {
+	for i := 0; i < len(slots); {
+		sl, _, err := s.slot(slots[i])
+		if err != nil {
+			return err
+		}
+		j := i + 1
+		for j < len(slots) && uint64(slots[j])>>32 == uint64(slots[i])>>32 {
+			j++
+		}
+		if err := sl.readBatch(slots[i:j], dst[i*backend.PageSize:j*backend.PageSize]); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
 // Free implements backend.Backend. It is local: the slot is reused by a later Store, which
 // overwrites it on every replica; the servers are not told.
 func (s *Store) Free(slots ...backend.Slot) {

@@ -74,7 +74,7 @@ func runCommand() *cli.Command {
 		Description: "The program's exit status becomes farmem's (128+N if killed by signal N); SIGINT,\n" +
 			"SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to it. If farmem cannot serve a page (it\n" +
 			"crashed, the backend lost it), the program is stopped: it never reads zeros in its place.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too (redis pages: lz4 7x, zstd 9x smaller), at a cost: at a 25% cap, lz4 gave\n\t0.65-1.0x and zstd 0.6-0.8x of none's throughput here (results/redis.md)"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
@@ -84,7 +84,7 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
 			ctrlTokenFlag(),
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
-		},
+		}, prefetchFlags()...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
 			if !c.IsSet("local-mem") {
@@ -102,6 +102,10 @@ func runCommand() *cli.Command {
 				return usagef("no program given: usage is farmem run --local-mem SIZE -- PROGRAM [ARGS...]")
 			}
 			path, err := checkProgram(argv[0])
+			if err != nil {
+				return err
+			}
+			pcfg, pmode, err := prefetchOptions(c)
 			if err != nil {
 				return err
 			}
@@ -128,7 +132,8 @@ func runCommand() *cli.Command {
 				return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
 			}
 			defer store.Close()
-			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet")})
+			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
+				Prefetch: pcfg, PrefetchMode: pmode})
 			if err != nil {
 				return cli.Exit(err.Error(), max(status, 1))
 			}

@@ -1,0 +1,270 @@
+package fetcher
+
+import (
+	"fmt"
+	"slices"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/uffd"
+)
+
+// Predictor is what the fault path needs of a prefetcher (package prefetch): fed one demand
+// access at a time, it names the pages to bring ahead of demand.
+type Predictor interface {
+	// Access feeds one access to page (a page number: address / PageSize); hit says the page
+	// was one this predictor had named. It appends its predictions to out, nearest first.
+	Access(page uint64, hit bool, out []uint64) []uint64
+}
+
+// PrefetchMode is how predicted pages reach the program.
+type PrefetchMode int
+
+const (
+	// PrefetchMap installs predicted pages straight into the program (UFFDIO_COPY, no wake,
+	// write-protected so a later write is seen): a correct prediction costs no fault at all.
+	// The program's accesses to them are then invisible, so the pages it used are inferred from
+	// where its next miss lands (consumedBetween) and fed to the predictor as hits: its
+	// history holds the stream's real deltas, not the gaps between misses.
+	PrefetchMap PrefetchMode = iota
+	// PrefetchCache is Leap's own design: predicted pages wait in a bounded prefetch cache,
+	// counted against the cap; a fault that finds its page there installs it from the cache
+	// and frees the entry at once (eager eviction); when full, the oldest goes first.
+	PrefetchCache
+)
+
+func (m PrefetchMode) String() string { return [...]string{"map", "cache"}[m] }
+
+// ParsePrefetchMode reads a mode as the command line spells it.
+func ParsePrefetchMode(s string) (PrefetchMode, error) {
+	switch s {
+	case "map":
+		return PrefetchMap, nil
+	case "cache":
+		return PrefetchCache, nil
+	}
+	return 0, fmt.Errorf("unknown prefetch mode %q: choose map or cache", s)
+}
+
+// maxPrefetchBatch bounds the pages one demand fault may ask for: a batch is one value on the
+// worker's channel (no allocation per fault) and one buffer of this many pages.
+const maxPrefetchBatch = 32
+
+// prefetchBatch is one demand fault's predictions that were worth fetching: evicted pages with
+// a stored copy, marked Prefetching in the page table.
+type prefetchBatch struct {
+	n     int
+	pages [maxPrefetchBatch]uint64 // addresses
+}
+
+// prefetchState is a process's prefetcher and what map mode remembers to infer hits. It is
+// touched only by the fault thread, under the page table's lock.
+type prefetchState struct {
+	pred     Predictor
+	out      []uint64 // scratch for predictions
+	used     []uint64 // scratch for the pages inferred used
+	lastMiss uint64   // page number of the previous demand miss served from the backend
+	window   []uint64 // page numbers queued at lastMiss, in prediction order
+	// inline is set when the backend loads by memcpy (the embedded stores): the fault thread
+	// then prefetches itself (see predict).
+	inline *struct {
+		w   prefetchWork
+		buf []byte
+	}
+}
+
+// predict runs after a demand miss on pg was served from the backend: it feeds the predictor
+// (with the pages map mode infers the program used since the last miss) and queues the
+// predicted pages that are evicted with a stored copy. The table is locked by the caller.
+func (p *Process) predict(pg uint64) {
+	s := &p.pf
+	page := pg / ps
+	if p.rt.PrefetchMode == PrefetchMap && len(s.window) > 0 {
+		s.used = consumedBetween(s.lastMiss, s.window, page, s.used[:0])
+		for _, u := range s.used {
+			s.out = s.pred.Access(u, true, s.out[:0])
+		}
+		p.rt.Stats.PrefetchUsed.Add(int64(len(s.used)))
+	}
+	s.out = s.pred.Access(page, false, s.out[:0])
+	s.lastMiss, s.window = page, s.window[:0]
+	var b prefetchBatch
+	for _, q := range s.out {
+		if b.n == maxPrefetchBatch || q >= 1<<52 { // 1<<52 pages: past any user address
+			break
+		}
+		a := q * ps
+		e := p.table.Get(a)
+		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.Prefetching || e.InFlight || e.Zapping {
+			continue
+		}
+		e.Prefetching = true
+		b.pages[b.n] = a
+		b.n++
+		s.window = append(s.window, q)
+	}
+	if b.n == 0 {
+		return
+	}
+	if s.inline != nil {
+		// A store that loads by memcpy: install at once, on this thread, after the demand
+		// page's wake. A worker would lose the race to the program's next touch.
+		p.choose(&b, &s.inline.w)
+		p.install(&s.inline.w, s.inline.buf, p.load(&s.inline.w, s.inline.buf))
+		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
+		return
+	}
+	select {
+	case p.prefetchQ <- b:
+		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
+	default: // the worker is behind: drop this prediction rather than wait
+		for _, a := range b.pages[:b.n] {
+			p.table.Get(a).Prefetching = false
+		}
+		s.window = s.window[:0]
+	}
+}
+
+// consumedBetween infers which of the pages predicted at the miss prev (window, in prediction
+// order) the program used before its next miss, at miss: those it must have walked through to
+// get there. Walking the window in order, a page counts while it lies strictly between prev
+// and miss; the run counts only if miss lands within one step of the last page counted (the
+// stream went on past the window, or stopped inside it). A miss anywhere else (a jump, another
+// stream) says nothing about the window, and nothing counts.
+func consumedBetween(prev uint64, window []uint64, miss uint64, out []uint64) []uint64 {
+	between := func(x uint64) bool { return (prev < x && x < miss) || (miss < x && x < prev) }
+	dist := func(a, b uint64) uint64 { return max(a, b) - min(a, b) }
+	c := 0
+	for c < len(window) && between(window[c]) {
+		c++
+	}
+	if c == 0 {
+		return out
+	}
+	step := dist(window[0], prev)
+	if c > 1 {
+		step = max(step, dist(window[c-1], window[c-2]))
+	}
+	if dist(miss, window[c-1]) > step {
+		return out
+	}
+	return append(out, window[:c]...)
+}
+
+// prefetchLoop is the process's prefetch worker: it fetches queued batches and installs them,
+// so a demand fault never waits for its predictions. It ends when the queue is closed (retire,
+// after the fault thread stopped).
+func (p *Process) prefetchLoop() {
+	buf := make([]byte, maxPrefetchBatch*ps)
+	var w prefetchWork
+	for b := range p.prefetchQ {
+		if !p.Hold() {
+			continue // retired: drain until the queue is closed
+		}
+		p.table.Lock()
+		p.choose(&b, &w)
+		p.table.Unlock()
+		n := p.load(&w, buf)
+		p.table.Lock()
+		p.install(&w, buf, n)
+		p.table.Unlock()
+		p.Release()
+	}
+}
+
+// prefetchWork is one batch being prefetched: what each page was when it was chosen.
+type prefetchWork struct {
+	n     int
+	addr  [maxPrefetchBatch]uint64
+	entry [maxPrefetchBatch]*pagetable.Entry
+	seq   [maxPrefetchBatch]uint32
+	slot  [maxPrefetchBatch]backend.Slot
+	dirty [maxPrefetchBatch]bool // written in its last stay: installed writable, as a demand fault would
+}
+
+// choose takes the pages of b that are still evicted with a stored copy, in address order
+// (contiguous pages become one COPY), no more than the cap has room for. The table is locked.
+func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
+	slices.Sort(b.pages[:b.n])
+	w.n = 0
+	for _, a := range b.pages[:b.n] {
+		e := p.table.Get(a)
+		if e == nil || !e.Prefetching {
+			continue
+		}
+		e.Prefetching = false
+		if e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
+			continue
+		}
+		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirty[w.n] = a, e, e.Seq, e.Slot, e.WasWritten
+		w.n++
+	}
+	if room := p.rt.roomPages(); int64(w.n) > room {
+		w.n = int(max(room, 0))
+		p.rt.kickEvictor()
+	}
+}
+
+// load reads the chosen pages into buf, in one request when the backend can batch, and
+// returns how many it read (buf[i*ps:] holds page i of w, which it compacts past failures).
+// A page that cannot be read is skipped: the demand path reports it if the program needs it.
+func (p *Process) load(w *prefetchWork, buf []byte) int {
+	store := p.rt.Slots.Backend()
+	if bl, ok := store.(backend.BatchLoader); ok && w.n > 1 && bl.LoadBatch(w.slot[:w.n], buf[:w.n*ps]) == nil {
+		return w.n
+	}
+	n := 0
+	for i := 0; i < w.n; i++ {
+		if store.Load(w.slot[i], buf[n*ps:(n+1)*ps]) != nil {
+			continue
+		}
+		w.addr[n], w.entry[n], w.seq[n], w.slot[n], w.dirty[n] = w.addr[i], w.entry[i], w.seq[i], w.slot[i], w.dirty[i]
+		n++
+	}
+	return n
+}
+
+// install maps the first n loaded pages of w that are still the evicted pages they were (same
+// entry, same install sequence, same slot), without waking anyone: nobody waits for them, and
+// a fault on one of them meanwhile finds it resident and only wakes. The table is locked.
+func (p *Process) install(w *prefetchWork, buf []byte, n int) {
+	for i := 0; i < n; {
+		// The longest run of contiguous pages from i, each unchanged, all of one mode.
+		j := i
+		for j < n && p.unchanged(w, j) && (j == i || w.addr[j] == w.addr[j-1]+ps && w.dirty[j] == w.dirty[i]) {
+			j++
+		}
+		if j == i {
+			i++
+			continue
+		}
+		mode := uffd.CopyDontWake | uffd.CopyWP
+		if w.dirty[i] {
+			mode = uffd.CopyDontWake
+		}
+		c, err := uffd.Copy(p.fd, w.addr[i], unsafe.Pointer(&buf[i*ps]), uint64(j-i)*ps, mode)
+		k := i + int(max(c, 0)/ps)
+		p.rt.Stats.PrefetchInstalled.Add(int64(k - i))
+		for ; i < k; i++ {
+			p.table.Install(w.addr[i], w.dirty[i], w.slot[i])
+		}
+		if err == unix.EAGAIN {
+			return // an event is unread: the layout may be changing; the rest can fault
+		}
+		if k < j {
+			i++ // the page at k is present (EEXIST) or gone (ENOENT): skip it
+		}
+	}
+}
+
+// unchanged reports whether page j of w is still the evicted page that was loaded. Entry
+// identity catches a discard (a new entry) and an mremap (the entry moved); Seq catches an
+// install in between (the slot may be reused by then).
+func (p *Process) unchanged(w *prefetchWork, j int) bool {
+	e := p.table.Get(w.addr[j])
+	return e != nil && e == w.entry[j] && e.Seq == w.seq[j] && e.State == pagetable.Evicted &&
+		e.Slot == w.slot[j] && !e.InFlight && !e.Zapping
+}
