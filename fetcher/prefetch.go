@@ -1,7 +1,6 @@
 package fetcher
 
 import (
-	"fmt"
 	"slices"
 	"unsafe"
 
@@ -14,50 +13,29 @@ import (
 
 // Predictor is what the fault path needs of a prefetcher (package prefetch): fed one demand
 // access at a time, it names the pages to bring ahead of demand.
+//
+// Predicted pages are installed straight into the program (UFFDIO_COPY without a wake,
+// write-protected unless the page was written in its last stay), not kept in a prefetch cache
+// as Leap does: every fault costs a uffd round trip here, so a right guess that still faults
+// would throw most of the gain away. The program's accesses to them are then invisible, so the
+// pages it used are inferred from where its next miss lands (consumedBetween) and fed to the
+// predictor as hits: its history holds the stream's real deltas, not the gaps between misses,
+// and its window grows with them as Leap's does with cache hits.
 type Predictor interface {
 	// Access feeds one access to page (a page number: address / PageSize); hit says the page
 	// was one this predictor had named. It appends its predictions to out, nearest first.
 	Access(page uint64, hit bool, out []uint64) []uint64
 }
 
-// PrefetchMode is how predicted pages reach the program.
-type PrefetchMode int
-
-const (
-	// PrefetchMap installs predicted pages straight into the program (UFFDIO_COPY, no wake,
-	// write-protected so a later write is seen): a correct prediction costs no fault at all.
-	// The program's accesses to them are then invisible, so the pages it used are inferred from
-	// where its next miss lands (consumedBetween) and fed to the predictor as hits: its
-	// history holds the stream's real deltas, not the gaps between misses.
-	PrefetchMap PrefetchMode = iota
-	// PrefetchCache is Leap's own design: predicted pages wait in a bounded prefetch cache,
-	// counted against the cap; a fault that finds its page there installs it from the cache
-	// and frees the entry at once (eager eviction); when full, the oldest goes first.
-	PrefetchCache
-)
-
-func (m PrefetchMode) String() string { return [...]string{"map", "cache"}[m] }
-
-// ParsePrefetchMode reads a mode as the command line spells it.
-func ParsePrefetchMode(s string) (PrefetchMode, error) {
-	switch s {
-	case "map":
-		return PrefetchMap, nil
-	case "cache":
-		return PrefetchCache, nil
-	}
-	return 0, fmt.Errorf("unknown prefetch mode %q: choose map or cache", s)
-}
-
-// maxPrefetchBatch bounds the pages one demand fault may ask for: a batch is one value on the
+// MaxPrefetchBatch bounds the pages one demand fault may prefetch: a batch is one value on the
 // worker's channel (no allocation per fault) and one buffer of this many pages.
-const maxPrefetchBatch = 32
+const MaxPrefetchBatch = 32
 
 // prefetchBatch is one demand fault's predictions that were worth fetching: evicted pages with
 // a stored copy, marked Prefetching in the page table.
 type prefetchBatch struct {
 	n     int
-	pages [maxPrefetchBatch]uint64 // addresses
+	pages [MaxPrefetchBatch]uint64 // addresses
 }
 
 // prefetchState is a process's prefetcher and what map mode remembers to infer hits. It is
@@ -82,7 +60,7 @@ type prefetchState struct {
 func (p *Process) predict(pg uint64) {
 	s := &p.pf
 	page := pg / ps
-	if p.rt.PrefetchMode == PrefetchMap && len(s.window) > 0 {
+	if len(s.window) > 0 {
 		s.used = consumedBetween(s.lastMiss, s.window, page, s.used[:0])
 		for _, u := range s.used {
 			s.out = s.pred.Access(u, true, s.out[:0])
@@ -93,7 +71,7 @@ func (p *Process) predict(pg uint64) {
 	s.lastMiss, s.window = page, s.window[:0]
 	var b prefetchBatch
 	for _, q := range s.out {
-		if b.n == maxPrefetchBatch || q >= 1<<52 { // 1<<52 pages: past any user address
+		if b.n == MaxPrefetchBatch || q >= 1<<52 { // 1<<52 pages: past any user address
 			break
 		}
 		a := q * ps
@@ -114,6 +92,7 @@ func (p *Process) predict(pg uint64) {
 		// page's wake. A worker would lose the race to the program's next touch.
 		p.choose(&b, &s.inline.w)
 		p.install(&s.inline.w, s.inline.buf, p.load(&s.inline.w, s.inline.buf))
+		p.finish(&b)
 		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
 		return
 	}
@@ -158,7 +137,7 @@ func consumedBetween(prev uint64, window []uint64, miss uint64, out []uint64) []
 // so a demand fault never waits for its predictions. It ends when the queue is closed (retire,
 // after the fault thread stopped).
 func (p *Process) prefetchLoop() {
-	buf := make([]byte, maxPrefetchBatch*ps)
+	buf := make([]byte, MaxPrefetchBatch*ps)
 	var w prefetchWork
 	for b := range p.prefetchQ {
 		if !p.Hold() {
@@ -170,7 +149,14 @@ func (p *Process) prefetchLoop() {
 		n := p.load(&w, buf)
 		p.table.Lock()
 		p.install(&w, buf, n)
+		p.finish(&b)
 		p.table.Unlock()
+		// Faults on these pages waited for this batch (see missing): they find their page
+		// resident now, or fetch it themselves.
+		if p.waiting.Load() {
+			var one = [8]byte{1}
+			unix.Write(p.room, one[:])
+		}
 		p.Release()
 	}
 }
@@ -178,11 +164,11 @@ func (p *Process) prefetchLoop() {
 // prefetchWork is one batch being prefetched: what each page was when it was chosen.
 type prefetchWork struct {
 	n     int
-	addr  [maxPrefetchBatch]uint64
-	entry [maxPrefetchBatch]*pagetable.Entry
-	seq   [maxPrefetchBatch]uint32
-	slot  [maxPrefetchBatch]backend.Slot
-	dirty [maxPrefetchBatch]bool // written in its last stay: installed writable, as a demand fault would
+	addr  [MaxPrefetchBatch]uint64
+	entry [MaxPrefetchBatch]*pagetable.Entry
+	seq   [MaxPrefetchBatch]uint32
+	slot  [MaxPrefetchBatch]backend.Slot
+	dirty [MaxPrefetchBatch]bool // written in its last stay: installed writable, as a demand fault would
 }
 
 // choose takes the pages of b that are still evicted with a stored copy, in address order
@@ -192,11 +178,7 @@ func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
 	w.n = 0
 	for _, a := range b.pages[:b.n] {
 		e := p.table.Get(a)
-		if e == nil || !e.Prefetching {
-			continue
-		}
-		e.Prefetching = false
-		if e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
+		if e == nil || !e.Prefetching || e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
 			continue
 		}
 		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirty[w.n] = a, e, e.Seq, e.Slot, e.WasWritten
@@ -205,6 +187,16 @@ func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
 	if room := p.rt.roomPages(); int64(w.n) > room {
 		w.n = int(max(room, 0))
 		p.rt.kickEvictor()
+	}
+}
+
+// finish clears Prefetching on the pages of b that were not installed (an install resets
+// it). The table is locked.
+func (p *Process) finish(b *prefetchBatch) {
+	for _, a := range b.pages[:b.n] {
+		if e := p.table.Get(a); e != nil {
+			e.Prefetching = false
+		}
 	}
 }
 

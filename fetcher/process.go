@@ -99,7 +99,7 @@ func newProcess(rt *Runtime, fd int, table *pagetable.PageTable) (*Process, erro
 			p.pf.inline = &struct {
 				w   prefetchWork
 				buf []byte
-			}{buf: make([]byte, maxPrefetchBatch*ps)}
+			}{buf: make([]byte, MaxPrefetchBatch*ps)}
 		}
 	}
 	return p, nil

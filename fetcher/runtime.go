@@ -15,6 +15,7 @@ import (
 
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/evictor"
+	"github.com/farmem/farmem/faulttrace"
 	"github.com/farmem/farmem/latency"
 	"github.com/farmem/farmem/pagetable"
 )
@@ -63,7 +64,10 @@ type Runtime struct {
 	// NewPredictor makes each process's prefetcher (a fork child gets a fresh one); nil: no
 	// prefetching. Set both before the first Attach.
 	NewPredictor func() Predictor
-	PrefetchMode PrefetchMode
+	// Trace, if set, records every served fault (farmem run --record-faults). Set it before
+	// the first Attach; the caller closes it after Close.
+	Trace *faulttrace.Writer
+	start time.Time // Trace's time zero
 
 	armed  atomic.Bool // set once, never cleared
 	arming atomic.Bool // the first rescan after arming is adopting pages: program faults wait
@@ -93,7 +97,7 @@ func NewRuntime(capPages int64, b backend.Backend) *Runtime {
 	rt := &Runtime{
 		Slots: pagetable.NewSlots(b), CapPages: capPages, ArmPages: capPages - armMargin(capPages), MinRegister: 64 << 10,
 		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{},
-		stop: make(chan struct{}),
+		stop: make(chan struct{}), start: time.Now(),
 	}
 	rt.retired = sync.NewCond(&rt.mu)
 	rt.armed.Store(rt.ArmPages <= 0)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/faulttrace"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/uffd"
 )
@@ -124,6 +125,9 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		}
 		if o == served {
 			p.rt.Stats.Latency[src].Record(time.Since(since))
+			if tr := p.rt.Trace; tr != nil {
+				p.record(tr, flags, pg, src, since)
+			}
 		}
 		return o
 	case uffd.EventRemove:
@@ -166,6 +170,11 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	case pagetable.Resident, pagetable.Evicting:
 		// Already installed (a batch filled it, or two threads faulted on it): just wake.
 		return p.wake(pg), FromZero
+	}
+	if e.Prefetching {
+		// The prefetch worker is fetching it: wait for that batch (it wakes this thread)
+		// rather than fetch the page a second time.
+		return retry, FromBackend
 	}
 	// Evicted: a re-fault, which is what the prefetcher learns from.
 	if p.pf.pred != nil {
@@ -322,4 +331,19 @@ func (p *Process) present(pg uint64) (bool, error) {
 		return false, err
 	}
 	return e[0]>>63 != 0, nil
+}
+
+// traceSource is how a fault trace names each Source.
+var traceSource = [NumSources]uint8{FromZero: faulttrace.SourceZero, FromBackend: faulttrace.SourceBackend, FromWP: faulttrace.SourceWP}
+
+// record writes one served fault to the run's trace.
+func (p *Process) record(tr *faulttrace.Writer, flags, pg uint64, src Source, at time.Time) {
+	kind := faulttrace.KindRead
+	switch {
+	case flags&uffd.PagefaultWP != 0:
+		kind = faulttrace.KindWP
+	case flags&uffd.PagefaultWrite != 0:
+		kind = faulttrace.KindWrite
+	}
+	tr.Record(faulttrace.Record{Time: at.Sub(p.rt.start).Nanoseconds(), Pid: uint32(p.Pid()), Kind: kind, Source: traceSource[src], Addr: pg})
 }

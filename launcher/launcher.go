@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/faulttrace"
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/prefetch"
 )
@@ -34,10 +35,11 @@ type Options struct {
 	Argv     []string // program and its arguments
 	Backend  backend.Backend
 	Quiet    bool
-	// Prefetch chooses each process's prefetcher (its Name "none": no prefetching) and
-	// PrefetchMode how predicted pages reach the program.
-	Prefetch     prefetch.Config
-	PrefetchMode fetcher.PrefetchMode
+	// Prefetch chooses each process's prefetcher (its Name "none": no prefetching).
+	Prefetch prefetch.Config
+	// Trace, if set, records every served fault. Run stops writing to it before it returns;
+	// the caller closes it.
+	Trace *faulttrace.Writer
 }
 
 // Run runs the program to completion and returns the exit status farmem should exit with.
@@ -61,6 +63,7 @@ func Run(o Options) (int, error) {
 	defer ln.Close()
 
 	rt := fetcher.NewRuntime(o.LocalMem/fetcher.PageSize, o.Backend)
+	rt.Trace = o.Trace
 	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
 		if _, err := prefetch.New(o.Prefetch); err != nil {
 			return 0, err
@@ -69,7 +72,6 @@ func Run(o Options) (int, error) {
 			p, _ := prefetch.New(o.Prefetch) // validated above
 			return p
 		}
-		rt.PrefetchMode = o.PrefetchMode
 	}
 	defer rt.Close()
 	go acceptLoop(ln, rt)
@@ -167,8 +169,8 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
 	if rt.NewPredictor != nil {
 		used, installed, misses := s.PrefetchUsed.Load(), s.PrefetchInstalled.Load(), s.BackendFaults.Load()
-		fmt.Fprintf(os.Stderr, "farmem: prefetch %s (%s mode): issued %d, installed %d, used %d (accuracy %.0f%%, coverage %.0f%%)\n",
-			o.Prefetch.WithDefaults().Name, o.PrefetchMode, s.PrefetchIssued.Load(), installed, used,
+		fmt.Fprintf(os.Stderr, "farmem: prefetch %s: issued %d, installed %d, used %d (accuracy %.0f%%, coverage %.0f%%)\n",
+			o.Prefetch.WithDefaults().Name, s.PrefetchIssued.Load(), installed, used,
 			100*float64(used)/float64(max(installed, 1)), 100*float64(used)/float64(max(used+misses, 1)))
 	}
 	if n := e.PeakStored.Load(); n > 0 {

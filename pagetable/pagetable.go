@@ -18,7 +18,8 @@
 //	          WasWritten: the page was dirty when evicted; the fetcher predicts it will be
 //	          written again and installs it writable (and Dirty), saving the WP fault.
 //	          Prefetching: queued for the process's prefetch worker, so it is not queued
-//	          twice; the worker clears it when it takes the page, and any install resets it.
+//	          twice, and a fault on it waits for the worker instead of fetching it again;
+//	          the worker clears it when done with its batch, and any install resets it.
 package pagetable
 
 import (
@@ -159,7 +160,9 @@ func (t *PageTable) Move(from, to, length uint64) {
 		case Evicting:
 			e.State = Resident
 		case Evicted:
-			e.InFlight, e.Zapping = false, false
+			// Nor is a prefetch of the old address this page's any more: a fault here must
+			// not wait for it.
+			e.InFlight, e.Zapping, e.Prefetching = false, false, false
 		}
 		if e.State == Resident {
 			e.Seq++

@@ -105,7 +105,7 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			pcfg, pmode, err := prefetchOptions(c)
+			pcfg, err := prefetchOptions(c)
 			if err != nil {
 				return err
 			}
@@ -132,8 +132,17 @@ func runCommand() *cli.Command {
 				return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
 			}
 			defer store.Close()
+			trace, err := openTrace(c) // last: a failure above leaves no file behind
+			if err != nil {
+				return err
+			}
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, PrefetchMode: pmode})
+				Prefetch: pcfg, Trace: trace})
+			if trace != nil { // Run has stopped every fault thread
+				if cerr := closeTrace(c, trace); err == nil {
+					err = cerr
+				}
+			}
 			if err != nil {
 				return cli.Exit(err.Error(), max(status, 1))
 			}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/farmem/farmem/faulttrace"
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/prefetch"
 )
@@ -12,22 +14,50 @@ import (
 // prefetchFlags are farmem run's prefetcher settings.
 func prefetchFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "prefetch", Value: prefetch.DefaultName, Usage: fmt.Sprintf("which pages to bring back before they are touched: leap (Leap's majority trend of\n\tthe page deltas), readahead (Linux's swap read-ahead), stride, nextn, or none (%s)", "farmem sim compares them on a recorded trace")},
+		&cli.StringFlag{Name: "prefetch", Value: prefetch.DefaultName, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
+		&cli.StringFlag{Name: "record-faults", Usage: "write every fault served to FILE (time, pid, page, kind, source) for farmem sim; record with\n\t--prefetch none, so that the trace holds every re-fault", TakesFile: true},
 		&cli.IntFlag{Name: "prefetch-history", Value: prefetch.DefaultHistory, Usage: "leap: page deltas kept and voted over"},
-		&cli.IntFlag{Name: "prefetch-max", Value: prefetch.DefaultMax, Usage: "most pages prefetched for one fault (the fault path fetches at most 32)"},
-		&cli.StringFlag{Name: "prefetch-mode", Value: "map", Usage: "map: install predicted pages straight into the program, so a right guess costs no fault;\n\tcache: Leap's prefetch cache, from which the fault installs the page"},
+		&cli.IntFlag{Name: "prefetch-max", Value: prefetch.DefaultMax, Usage: fmt.Sprintf("most pages prefetched for one fault (1 to %d)", fetcher.MaxPrefetchBatch)},
 	}
 }
 
 // prefetchOptions reads and checks the prefetch flags.
-func prefetchOptions(c *cli.Context) (prefetch.Config, fetcher.PrefetchMode, error) {
+func prefetchOptions(c *cli.Context) (prefetch.Config, error) {
 	cfg := prefetch.Config{Name: c.String("prefetch"), History: c.Int("prefetch-history"), Max: c.Int("prefetch-max")}
+	// A zero field would take its default: as a flag it is a mistake.
+	if h := cfg.History; h < 2 {
+		return cfg, usagef("--prefetch-history %d: give at least 2 page deltas", h)
+	}
+	if m := cfg.Max; m < 1 || m > fetcher.MaxPrefetchBatch {
+		return cfg, usagef("--prefetch-max %d: give 1 to %d pages", m, fetcher.MaxPrefetchBatch)
+	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, 0, usagef("--prefetch: %v", err)
+		return cfg, usagef("--prefetch: %v", err)
 	}
-	mode, err := fetcher.ParsePrefetchMode(c.String("prefetch-mode"))
+	return cfg, nil
+}
+
+// openTrace creates --record-faults's file, if given: a path that cannot be written is bad
+// input, found before the program starts.
+func openTrace(c *cli.Context) (*faulttrace.Writer, error) {
+	path := c.String("record-faults")
+	if path == "" {
+		return nil, nil
+	}
+	w, err := faulttrace.Create(path)
 	if err != nil {
-		return cfg, 0, usagef("--prefetch-mode: %v", err)
+		return nil, usagef("--record-faults: %v", err)
 	}
-	return cfg, mode, nil
+	return w, nil
+}
+
+// closeTrace flushes the trace and says how many faults it holds.
+func closeTrace(c *cli.Context, w *faulttrace.Writer) error {
+	if err := w.Close(); err != nil {
+		return fmt.Errorf("--record-faults %s: %w", c.String("record-faults"), err)
+	}
+	if !c.Bool("quiet") {
+		fmt.Fprintf(os.Stderr, "farmem: recorded %d faults to %s\n", w.Records(), c.String("record-faults"))
+	}
+	return nil
 }

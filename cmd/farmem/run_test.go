@@ -425,6 +425,11 @@ func TestBadInput(t *testing.T) {
 		{"not executable", []string{"run", "--local-mem", "64MiB", "--", script}, "cannot be run"},
 		{"static", []string{"run", "--local-mem", "64MiB", "--", static}, "statically linked"},
 		{"unknown codec", append([]string{"run", "--local-mem", "64MiB", "--compress", "lzma", "--"}, touch...), `unknown codec "lzma" (valid: none, lz4, zstd)`},
+		{"unknown prefetcher", append([]string{"run", "--local-mem", "64MiB", "--prefetch", "oracle", "--"}, touch...), `unknown prefetcher "oracle": choose one of leap, readahead, stride, nextn, none`},
+		{"prefetch max 0", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "0", "--"}, touch...), "--prefetch-max 0: give 1 to 32 pages"},
+		{"prefetch max too big", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "64", "--"}, touch...), "--prefetch-max 64: give 1 to 32 pages"},
+		{"prefetch history 1", append([]string{"run", "--local-mem", "64MiB", "--prefetch-history", "1", "--"}, touch...), "--prefetch-history 1: give at least 2"},
+		{"trace not writable", append([]string{"run", "--local-mem", "64MiB", "--record-faults", filepath.Join(dir, "no", "such", "dir"), "--"}, touch...), "--record-faults: "},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

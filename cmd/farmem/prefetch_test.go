@@ -1,0 +1,100 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// Every prefetcher installs pages behind the program's back: the torture (threads, fork,
+// MADV_DONTNEED, munmap, mremap) must still verify every unit with each of them.
+func TestPrefetchersKeepDataIntact(t *testing.T) {
+	for _, pf := range []string{"leap", "readahead", "stride", "nextn"} {
+		t.Run(pf, func(t *testing.T) {
+			out, peaks := runTorture(t, 16, []string{"--prefetch", pf}, "--mib", "128", "--rounds", "3")
+			if !regexpMatch(`prefetch `+pf+`: issued [0-9]+, installed [1-9]`, out) {
+				t.Fatalf("--prefetch %s installed no page: the test did not exercise it", pf)
+			}
+			checkCap(t, peaks, 16<<20)
+		})
+	}
+}
+
+// backendFaults is the summary's count of faults served from the backend.
+func backendFaults(t *testing.T, out string) int {
+	t.Helper()
+	m := mustCompile(`faults: zero-fill [0-9]+ \([0-9]+ pages\), backend ([0-9]+);`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no fault counts in the summary")
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// On a strided walk Leap's predictions are installed before the program touches them: the
+// same walk takes far fewer backend faults than with no prefetcher, and every page verifies.
+func TestLeapPrefetchSavesFaults(t *testing.T) {
+	faults := map[string]int{}
+	for _, pf := range []string{"none", "leap"} {
+		out, _, err := runSampled(t, "run", "--local-mem", "16MiB", "--prefetch", pf, "--",
+			filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "stride:3", "--passes", "2")
+		if err != nil || !strings.Contains(out, "micro: OK bad=0") {
+			t.Fatalf("micro under farmem --prefetch %s: %v", pf, err)
+		}
+		faults[pf] = backendFaults(t, out)
+	}
+	if faults["none"] < 20000 {
+		t.Fatalf("only %d backend faults without prefetching: the walk did not page", faults["none"])
+	}
+	if faults["leap"]*2 > faults["none"] {
+		t.Fatalf("leap took %d backend faults, none %d: want fewer than half", faults["leap"], faults["none"])
+	}
+}
+
+// A trace recorded by farmem run replays in farmem sim: the replay sees every backend fault of
+// the run, and on a strided walk Leap would have covered most of them.
+func TestRecordFaultsReplaysInSim(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "stride.fmtrace")
+	out, _, err := runSampled(t, "run", "--local-mem", "16MiB", "--prefetch", "none", "--record-faults", trace, "--",
+		filepath.Join(binDir, "micro"), "--mib", "48", "--pattern", "stride:10", "--passes", "1")
+	if err != nil || !strings.Contains(out, "micro: OK bad=0") {
+		t.Fatalf("micro under farmem --record-faults: %v", err)
+	}
+	if !strings.Contains(out, "faults to "+trace) {
+		t.Fatalf("farmem did not say where the trace went")
+	}
+	run := backendFaults(t, out)
+	sim, err := exec.Command(farmemBin(t), "sim", "--trace", trace, "--prefetcher", "leap,none", "--json").Output()
+	if err != nil {
+		t.Fatalf("farmem sim: %v", err)
+	}
+	var res struct {
+		Results []struct {
+			Prefetcher string
+			Faults     uint64
+			Coverage   float64
+		}
+	}
+	if err := json.Unmarshal(sim, &res); err != nil {
+		t.Fatalf("farmem sim --json: %v\n%s", err, sim)
+	}
+	rows := res.Results
+	got := map[string]string{}
+	for _, r := range rows {
+		got[r.Prefetcher] = fmt.Sprintf("%d faults, coverage %.2f", r.Faults, r.Coverage)
+		if r.Faults != uint64(run) {
+			t.Errorf("sim replayed %d faults with %s; the run served %d from the backend", r.Faults, r.Prefetcher, run)
+		}
+		if r.Prefetcher == "leap" && r.Coverage < 0.5 {
+			t.Errorf("leap covers %.2f of a stride-10 walk in replay, want most of it", r.Coverage)
+		}
+	}
+	if len(rows) != 2 {
+		t.Fatalf("sim gave %d rows, want 2: %v\n%s", len(rows), got, sim)
+	}
+	t.Logf("%v", got)
+}
