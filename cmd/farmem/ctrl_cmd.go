@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -143,17 +142,7 @@ func statusCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			w := c.App.Writer
-			if w == nil {
-				w = os.Stdout
-			}
-			if c.Bool("json") {
-				enc := json.NewEncoder(w)
-				enc.SetIndent("", "  ")
-				return enc.Encode(st)
-			}
-			printCtrlStatus(w, st)
-			return nil
+			return writeResult(c, st, func(w io.Writer) { printCtrlStatus(w, st) })
 		},
 	}
 }

@@ -5,8 +5,10 @@ package main
 import (
 	"bufio"
 	"debug/elf"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,5 +237,21 @@ func checkUserfaultfd() error {
 		return usagef("cannot use userfaultfd (%v): run as root, or give your user read-write access to /dev/userfaultfd, or set sysctl vm.unprivileged_userfaultfd=1", err)
 	}
 	unix.Close(fd)
+	return nil
+}
+
+// writeResult prints a command's result on its output: v as indented JSON with --json, else
+// the table printTable writes.
+func writeResult(c *cli.Context, v any, printTable func(io.Writer)) error {
+	w := c.App.Writer
+	if w == nil {
+		w = os.Stdout
+	}
+	if c.Bool("json") {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	printTable(w)
 	return nil
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -68,17 +66,7 @@ func simCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			w := c.App.Writer
-			if w == nil {
-				w = os.Stdout
-			}
-			if c.Bool("json") {
-				enc := json.NewEncoder(w)
-				enc.SetIndent("", "  ")
-				return enc.Encode(res)
-			}
-			printSim(w, res)
-			return nil
+			return writeResult(c, res, func(w io.Writer) { printSim(w, res) })
 		},
 	}
 }
