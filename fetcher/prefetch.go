@@ -172,7 +172,10 @@ type prefetchWork struct {
 }
 
 // choose takes the pages of b that are still evicted with a stored copy, in address order
-// (contiguous pages become one COPY), no more than the cap has room for. The table is locked.
+// (contiguous pages become one COPY), no more than fit below the evictor's high watermark.
+// Prefetching never pushes the run over it: a guess must not cost the eviction of a page in
+// use, and the kernel's count (Used: tracked pages and the memory the page tables do not
+// see yet) is what must stay under the cap, not only the tracked pages. The table is locked.
 func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
 	slices.Sort(b.pages[:b.n])
 	w.n = 0
@@ -184,9 +187,8 @@ func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
 		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirty[w.n] = a, e, e.Seq, e.Slot, e.WasWritten
 		w.n++
 	}
-	if room := p.rt.roomPages(); int64(w.n) > room {
+	if room := p.rt.Evictor.High - p.rt.Evictor.Used(); int64(w.n) > room {
 		w.n = int(max(room, 0))
-		p.rt.kickEvictor()
 	}
 }
 

@@ -98,10 +98,10 @@ const (
 
 // Defaults for a zero Config field.
 const (
-	DefaultName    = NameLeap
-	DefaultHistory = 32 // Leap's deltas kept, as in the paper's evaluation
-	DefaultSplit   = 4  // Leap's first window is History/4, as in the authors' code
-	DefaultMax     = 8  // pages per prediction: Linux's default swap cluster (page-cluster 3)
+	DefaultName    = NameLeap // of the package; farmem run's default is none for now (cmd/farmem/prefetch_flags.go)
+	DefaultHistory = 32       // Leap's deltas kept, as in the paper's evaluation
+	DefaultSplit   = 4        // Leap's first window is History/4, as in the authors' code
+	DefaultMax     = 8        // pages per prediction: Linux's default swap cluster (page-cluster 3)
 )
 
 // Bounds on Config: past them a setting is a mistake, not a tuning.

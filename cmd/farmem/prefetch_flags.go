@@ -14,7 +14,9 @@ import (
 // prefetchFlags are farmem run's prefetcher settings.
 func prefetchFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "prefetch", Value: prefetch.DefaultName, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
+		// Off by default until it holds the cap as tightly as the demand path: under the torture
+		// a prefetching run has overshot the cap by up to 19 MiB (issue 4 is open on it).
+		&cli.StringFlag{Name: "prefetch", Value: prefetch.NameNone, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
 		&cli.StringFlag{Name: "record-faults", Usage: "write every fault served to FILE (time, pid, page, kind, source) for farmem sim; record with\n\t--prefetch none, so that the trace holds every re-fault", TakesFile: true},
 		&cli.IntFlag{Name: "prefetch-history", Value: prefetch.DefaultHistory, Usage: "leap: page deltas kept and voted over"},
 		&cli.IntFlag{Name: "prefetch-max", Value: prefetch.DefaultMax, Usage: fmt.Sprintf("most pages prefetched for one fault (1 to %d)", fetcher.MaxPrefetchBatch)},
