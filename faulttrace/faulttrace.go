@@ -357,6 +357,11 @@ func ReadFile(path string) ([]Record, error) {
 		return nil, err
 	}
 	defer r.Close()
+	return r.ReadAll()
+}
+
+// ReadAll reads the rest of the trace.
+func (r *Reader) ReadAll() ([]Record, error) {
 	var recs []Record
 	for {
 		rec, err := r.Next()

@@ -20,17 +20,7 @@ func readAll(t *testing.T, data []byte, name string) ([]Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	var recs []Record
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			return recs, nil
-		}
-		if err != nil {
-			return recs, err
-		}
-		recs = append(recs, rec)
-	}
+	return r.ReadAll()
 }
 
 func TestBinaryRoundTrip(t *testing.T) {

@@ -48,10 +48,18 @@ type prefetchState struct {
 	window   []uint64 // page numbers queued at lastMiss, in prediction order
 	// inline is set when the backend loads by memcpy (the embedded stores): the fault thread
 	// then prefetches itself (see predict).
-	inline *struct {
-		w   prefetchWork
-		buf []byte
-	}
+	inline *prefetchScratch
+}
+
+// prefetchScratch is what one prefetching thread (the fault thread inline, or the worker)
+// reuses for every batch: nothing is allocated per fault.
+type prefetchScratch struct {
+	w   prefetchWork
+	buf []byte // MaxPrefetchBatch pages
+}
+
+func newPrefetchScratch() *prefetchScratch {
+	return &prefetchScratch{buf: make([]byte, MaxPrefetchBatch*ps)}
 }
 
 // predict runs after a demand miss on pg was served from the backend: it feeds the predictor
@@ -79,7 +87,6 @@ func (p *Process) predict(pg uint64) {
 		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.Prefetching || e.InFlight || e.Zapping {
 			continue
 		}
-		e.Prefetching = true
 		b.pages[b.n] = a
 		b.n++
 		s.window = append(s.window, q)
@@ -87,22 +94,23 @@ func (p *Process) predict(pg uint64) {
 	if b.n == 0 {
 		return
 	}
-	if s.inline != nil {
+	if x := s.inline; x != nil {
 		// A store that loads by memcpy: install at once, on this thread, after the demand
-		// page's wake. A worker would lose the race to the program's next touch.
-		p.choose(&b, &s.inline.w)
-		p.install(&s.inline.w, s.inline.buf, p.load(&s.inline.w, s.inline.buf))
-		p.finish(&b)
+		// page's wake (the table stays locked throughout, so nothing needs marking). A worker
+		// would lose the race to the program's next touch.
 		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
+		p.choose(&b, &x.w)
+		p.install(&x.w, x.buf, p.load(&x.w, x.buf))
 		return
+	}
+	for _, a := range b.pages[:b.n] {
+		p.table.Get(a).Prefetching = true
 	}
 	select {
 	case p.prefetchQ <- b:
 		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
 	default: // the worker is behind: drop this prediction rather than wait
-		for _, a := range b.pages[:b.n] {
-			p.table.Get(a).Prefetching = false
-		}
+		p.finish(&b)
 		s.window = s.window[:0]
 	}
 }
@@ -137,18 +145,17 @@ func consumedBetween(prev uint64, window []uint64, miss uint64, out []uint64) []
 // so a demand fault never waits for its predictions. It ends when the queue is closed (retire,
 // after the fault thread stopped).
 func (p *Process) prefetchLoop() {
-	buf := make([]byte, MaxPrefetchBatch*ps)
-	var w prefetchWork
+	x := newPrefetchScratch()
 	for b := range p.prefetchQ {
 		if !p.Hold() {
 			continue // retired: drain until the queue is closed
 		}
 		p.table.Lock()
-		p.choose(&b, &w)
+		p.choose(&b, &x.w)
 		p.table.Unlock()
-		n := p.load(&w, buf)
+		n := p.load(&x.w, x.buf)
 		p.table.Lock()
-		p.install(&w, buf, n)
+		p.install(&x.w, x.buf, n)
 		p.finish(&b)
 		p.table.Unlock()
 		// Faults on these pages waited for this batch (see missing): they find their page
@@ -181,7 +188,7 @@ func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
 	w.n = 0
 	for _, a := range b.pages[:b.n] {
 		e := p.table.Get(a)
-		if e == nil || !e.Prefetching || e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
+		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
 			continue
 		}
 		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirty[w.n] = a, e, e.Seq, e.Slot, e.WasWritten

@@ -96,10 +96,7 @@ func newProcess(rt *Runtime, fd int, table *pagetable.PageTable) (*Process, erro
 		if _, remote := rt.Slots.Backend().(backend.BatchLoader); remote {
 			p.prefetchQ = make(chan prefetchBatch, 16)
 		} else {
-			p.pf.inline = &struct {
-				w   prefetchWork
-				buf []byte
-			}{buf: make([]byte, MaxPrefetchBatch*ps)}
+			p.pf.inline = newPrefetchScratch()
 		}
 	}
 	return p, nil

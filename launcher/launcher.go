@@ -65,7 +65,7 @@ func Run(o Options) (int, error) {
 	rt := fetcher.NewRuntime(o.LocalMem/fetcher.PageSize, o.Backend)
 	rt.Trace = o.Trace
 	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
-		if _, err := prefetch.New(o.Prefetch); err != nil {
+		if err := o.Prefetch.Validate(); err != nil {
 			return 0, err
 		}
 		rt.NewPredictor = func() fetcher.Predictor {

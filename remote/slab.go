@@ -114,8 +114,8 @@ func (sl *slab) read(pg uint32, dst []byte) error {
 	return fmt.Errorf("remote: page %d of slab %d cannot be read from any copy: %s", pg, sl.id, strings.Join(msgs, "; "))
 }
 
-// readBatch reads the pages of slots (all in this slab, already range-checked by Store.slot)
-// from the preferred ready copy in one request and checks every page's sum.
+// readBatch reads the pages of slots (all in this slab) from the preferred ready copy in one
+// request and checks every page's sum.
 func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
 	sl.mu.RLock()
 	lost := sl.lost
@@ -135,6 +135,9 @@ func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
 	var stack [32]fabric.Addr // a prefetch batch: no allocation
 	addrs := stack[:0]
 	for _, s := range slots {
+		if uint32(s) >= sl.pages {
+			return fmt.Errorf("%w %d", backend.ErrUnknownSlot, s)
+		}
 		addrs = append(addrs, fabric.Addr{Slab: sl.id, Page: uint32(s)})
 	}
 	if err := best.readMany(addrs, dst); err != nil {
