@@ -73,10 +73,13 @@ type Evictor struct {
 	// flight. Sampled every 2 ms by the runtime. It counts against the cap too, so the cap
 	// holds as the kernel measures it: the evictor takes tracked pages to make up for it.
 	Unmanaged atomic.Int64
-	Targets   func() []Target
-	Backend   backend.Backend
-	Stats     Stats
-	Kick      chan struct{} // a fault thread signals pressure; capacity 1
+	// Reserve is room kept free below the cap for memory the program takes without faulting
+	// (BurstReserve): it lowers both watermarks and Limit. Set by the runtime's poll.
+	Reserve atomic.Int64
+	Targets func() []Target
+	Backend backend.Backend
+	Stats   Stats
+	Kick    chan struct{} // a fault thread signals pressure; capacity 1
 
 	buf     []byte
 	victims []uint64
@@ -110,12 +113,12 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 		case <-e.Kick:
 		case <-retry.C:
 		}
-		for e.Used() > e.High {
+		for e.Used() > e.HighWater() {
 			t := e.largest()
 			if t == nil {
 				break
 			}
-			want := int(min(e.Used()-e.Low, BatchPages))
+			want := int(min(e.Used()-e.LowWater(), BatchPages))
 			before := e.Stats.Evicted()
 			if err := e.evictBatch(t, want); err != nil {
 				t.Fail(err)
@@ -129,7 +132,7 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 				break
 			}
 		}
-		if e.Used() > e.High {
+		if e.Used() > e.HighWater() {
 			retry.Reset(retryAfter)
 		}
 	}
@@ -140,6 +143,16 @@ func (s *Stats) Evicted() int64 { return s.Written.Load() + s.Dropped.Load() + s
 
 // Used is the pages counted against the cap.
 func (e *Evictor) Used() int64 { return e.Resident.Load() + e.Unmanaged.Load() }
+
+// HighWater is where eviction starts: High less the reserve.
+func (e *Evictor) HighWater() int64 { return e.High - e.Reserve.Load() }
+
+// LowWater is where a round of eviction stops: Low less the reserve.
+func (e *Evictor) LowWater() int64 { return e.Low - e.Reserve.Load() }
+
+// Limit is what Used may reach before program faults wait for the evictor: the cap less the
+// reserve.
+func (e *Evictor) Limit() int64 { return e.CapPages - e.Reserve.Load() }
 
 func (e *Evictor) largest() Target {
 	var best Target

@@ -194,7 +194,7 @@ func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
 		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirty[w.n] = a, e, e.Seq, e.Slot, e.WasWritten
 		w.n++
 	}
-	if room := p.rt.Evictor.High - p.rt.Evictor.Used(); int64(w.n) > room {
+	if room := p.rt.Evictor.HighWater() - p.rt.Evictor.Used(); int64(w.n) > room {
 		w.n = int(max(room, 0))
 	}
 }

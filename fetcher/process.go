@@ -171,7 +171,8 @@ func (p *Process) Register(start, length uint64) error {
 	if err != nil || !fresh {
 		return err
 	}
-	return p.adopt(start, length)
+	_, err = p.adopt(start, length)
+	return err
 }
 
 // register registers [start, start+length) unless it is already; fresh reports whether it
@@ -191,29 +192,30 @@ func (p *Process) register(start, length uint64) (fresh bool, err error) {
 
 // adopt records the pages of a just-registered range that are already present: the program
 // touched them before we could register (glibc's internal brk/mmap). They have no stored copy.
-func (p *Process) adopt(start, length uint64) error {
+func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 	pid := p.Pid()
 	if pid == 0 {
-		return nil
+		return 0, nil
 	}
 	n := length / uffd.PageSize
 	buf := make([]uint64, min(n, 8192))
 	for off := uint64(0); off < n; {
 		k := min(n-off, uint64(len(buf)))
 		if err := readPagemap(pid, start+off*uffd.PageSize, buf[:k]); err != nil {
-			return err
+			return adopted, err
 		}
 		p.table.Lock()
 		for i, e := range buf[:k] {
 			page := start + (off+uint64(i))*uffd.PageSize
 			if e>>63 != 0 && p.table.Get(page) == nil { // bit 63: present
 				p.table.Install(page, true, 0)
+				adopted++
 			}
 		}
 		p.table.Unlock()
 		off += k
 	}
-	return nil
+	return adopted, nil
 }
 
 // readPagemap reads the /proc/PID/pagemap entries of len(out) pages from start.

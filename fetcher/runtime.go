@@ -118,13 +118,20 @@ func (rt *Runtime) targets() []evictor.Target {
 	return out
 }
 
-// overCap reports whether program faults must wait for the evictor (or for arming to finish).
-// It counts the tracked pages only: the evictor can always bring those down, while memory it
-// cannot evict (Unmanaged) would keep faults waiting for room that never comes. The evictor
-// counts Unmanaged too, and so keeps the kernel's count under the cap when it can.
-func (rt *Runtime) overCap() bool { return rt.Resident.Load() >= rt.CapPages || rt.arming.Load() }
+// overCap reports whether program faults must wait for the evictor (or for arming to finish):
+// the tracked pages alone reach the cap, or everything counted (Unmanaged too) reaches the
+// evictor's Limit while it still has tracked pages to take. Below minTracked they go on: the
+// program's unmanaged memory alone fills its cap, and faults waiting would wait for room that
+// never comes.
+func (rt *Runtime) overCap() bool {
+	const minTracked = 64
+	res := rt.Resident.Load()
+	return rt.arming.Load() || res >= rt.CapPages || (res > minTracked && rt.Evictor.Used() >= rt.Evictor.Limit())
+}
+
+// roomPages is how many pages faults may still bring in before they wait.
 func (rt *Runtime) roomPages() int64 {
-	return rt.CapPages - rt.Resident.Load()
+	return min(rt.CapPages-rt.Resident.Load(), rt.Evictor.Limit()-rt.Evictor.Used())
 }
 func (rt *Runtime) kickEvictor() {
 	select {
@@ -388,6 +395,7 @@ func (rt *Runtime) rescanLoop() {
 	last := map[*Process]time.Time{}
 	anon := map[*Process]int64{}
 	statms := map[*Process]*statm{}
+	reserve := evictor.NewBurstReserve(rt.CapPages)
 	defer func() {
 		for _, s := range statms {
 			s.close()
@@ -435,7 +443,7 @@ func (rt *Runtime) rescanLoop() {
 			rt.arm(total, anon)
 			continue
 		}
-		var unmanaged int64
+		var unmanaged, unseen int64
 		for p, a := range anon {
 			p.table.Lock()
 			tracked := int64(p.table.Resident())
@@ -445,10 +453,11 @@ func (rt *Runtime) rescanLoop() {
 				continue
 			}
 			last[p] = now
-			p.Rescan()
+			unseen += p.Rescan()
 		}
 		rt.Evictor.Unmanaged.Store(unmanaged)
-		if rt.Evictor.Used() > rt.Evictor.High {
+		rt.Evictor.Reserve.Store(reserve.Observe(now, unseen))
+		if rt.Evictor.Used() > rt.Evictor.HighWater() {
 			rt.kickEvictor()
 		}
 	}
@@ -471,8 +480,9 @@ func (rt *Runtime) arm(total int64, procs map[*Process]int64) {
 	}
 }
 
-// Rescan registers every private anonymous writable mapping of at least MinRegister bytes.
-func (p *Process) Rescan() {
+// Rescan registers every private anonymous writable mapping of at least MinRegister bytes and
+// returns how many pages it found present in them: pages the program took unseen.
+func (p *Process) Rescan() (adopted int64) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", p.Pid()))
 	if err != nil {
 		return
@@ -493,8 +503,10 @@ func (p *Process) Rescan() {
 		}
 	}
 	for _, r := range fresh {
-		p.adopt(r[0], r[1])
+		n, _ := p.adopt(r[0], r[1])
+		adopted += n
 	}
+	return adopted
 }
 
 // anonMapping parses one /proc/PID/maps line and reports whether it is private anonymous

@@ -109,7 +109,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		flags, addr, tid := m.Pagefault()
 		pg := addr &^ (ps - 1)
 		p.place.fault(p.Pid(), int(tid))
-		if p.rt.Evictor.Used() > p.rt.Evictor.High {
+		if p.rt.Evictor.Used() > p.rt.Evictor.HighWater() {
 			p.rt.kickEvictor() // start before the cap is reached, so faults rarely wait
 		}
 		var o outcome
