@@ -29,7 +29,14 @@ const RegisterMode = uffd.ModeMissing | uffd.ModeWP
 
 // Agent is the connection to a process's agent thread.
 type Agent interface {
+	// Drop has the agent madvise(DONTNEED) runs and waits for it.
 	Drop(runs []evictor.Run) error
+	// Filter has the agent install the mapping filter on every thread of its process and
+	// returns the filter's seccomp listener (mapfilter.go).
+	Filter(minBytes uint64) (listener int, err error)
+	// Syscall has the agent make a system call in its process; the raw result is -errno on
+	// failure.
+	Syscall(nr uint64, args [6]uint64) (int64, error)
 	Close() error
 }
 
@@ -46,7 +53,10 @@ type Process struct {
 	pid      atomic.Int32 // 0 until the shim's hello (a fork child is served before it says hello)
 	agentTid atomic.Int32 // faults from this thread are never throttled: eviction needs it
 	agentMu  sync.Mutex
-	agent    Agent // protected by agentMu
+	agent    Agent       // protected by agentMu
+	filtered atomic.Bool // the agent was asked to install the mapping filter (mapfilter.go)
+	brkMu    sync.Mutex  // serializes the process's notified brk calls
+	brk      int64       // protected by brkMu; the break the last of them left (0: not known yet)
 
 	regMu      sync.Mutex
 	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
@@ -158,6 +168,9 @@ func (p *Process) SetAgent(a Agent, tid int) {
 	p.agentTid.Store(int32(tid))
 	if old != nil {
 		old.Close()
+	}
+	if p.rt.Armed() {
+		p.rt.filterMappings(p)
 	}
 }
 

@@ -3,6 +3,7 @@ package fetcher
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -43,6 +44,10 @@ type Stats struct {
 	// Prefetching: pages queued for the workers, installed by them, and used by the program
 	// (map mode: inferred from where the next miss landed; cache mode: faults that hit).
 	PrefetchIssued, PrefetchInstalled, PrefetchUsed atomic.Int64
+	// MappingsSeen is the mmap and brk calls the mapping filter handed us (mapfilter.go);
+	// UnseenPages the pages the rescan found already present in mappings it registered once
+	// armed: what the program wrote where no fault could hold it back.
+	MappingsSeen, UnseenPages atomic.Int64
 }
 
 // Runtime owns every process of one `farmem run`.
@@ -85,6 +90,8 @@ type Runtime struct {
 	failure  error // protected by mu; first unrecoverable error
 	stop     chan struct{}
 	finished sync.WaitGroup
+	// filterFailed: a process's agent could not install the mapping filter (said once).
+	filterFailed atomic.Bool
 }
 
 // armMargin is how far below the cap arming starts: the memory the program may touch between
@@ -194,6 +201,11 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 		parent.Fail(err)
 		return
 	}
+	// The kernel copied the parent's registrations to the child's uffd: the child's rescan
+	// must not take them for mappings it has never seen.
+	parent.regMu.Lock()
+	maps.Copy(c.registered, parent.registered)
+	parent.regMu.Unlock()
 	rt.mu.Lock()
 	rt.procs[c] = true
 	rt.forks[parent] = append(rt.forks[parent], c)
@@ -455,6 +467,7 @@ func (rt *Runtime) rescanLoop() {
 			last[p] = now
 			unseen += p.Rescan()
 		}
+		rt.Stats.UnseenPages.Add(unseen)
 		rt.Evictor.Unmanaged.Store(unmanaged)
 		rt.Evictor.Reserve.Store(reserve.Observe(now, unseen))
 		if rt.Evictor.Used() > rt.Evictor.HighWater() {
@@ -471,6 +484,7 @@ func (rt *Runtime) arm(total int64, procs map[*Process]int64) {
 	rt.armed.Store(true)
 	rt.Stats.ArmedAtPages.Store(total)
 	for p := range procs {
+		rt.filterMappings(p) // first: a mapping made during the rescan is seen either way
 		p.Rescan()
 	}
 	rt.arming.Store(false)
@@ -510,10 +524,12 @@ func (p *Process) Rescan() (adopted int64) {
 }
 
 // anonMapping parses one /proc/PID/maps line and reports whether it is private anonymous
-// read-write memory: no file, not the main stack, vdso or vvar.
+// read-write memory, or a reservation (no access yet: glibc reserves a thread arena's 64 MiB and
+// opens it with mprotect as it grows, and a registration survives that mprotect): no file, not
+// the main stack, vdso or vvar.
 func anonMapping(line string) (start, end uint64, ok bool) {
 	f := strings.Fields(line)
-	if len(f) < 5 || f[1] != "rw-p" || f[4] != "0" {
+	if len(f) < 5 || (f[1] != "rw-p" && f[1] != "---p") || f[4] != "0" {
 		return 0, 0, false
 	}
 	if len(f) >= 6 && f[5] != "[heap]" {

@@ -173,6 +173,10 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 			o.Prefetch.WithDefaults().Name, s.PrefetchIssued.Load(), installed, used,
 			100*float64(used)/float64(max(installed, 1)), 100*float64(used)/float64(max(used+misses, 1)))
 	}
+	if rt.Armed() {
+		fmt.Fprintf(os.Stderr, "farmem: mappings: %d seen as they were made, %d pages found already written by the rescan\n",
+			s.MappingsSeen.Load(), s.UnseenPages.Load())
+	}
 	if n := e.PeakStored.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "farmem: backend peak: %d pages in %d KiB (%.2fx)\n", n, e.PeakStoredBytes.Load()>>10,
 			float64(n*fetcher.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))

@@ -17,15 +17,19 @@ import (
 // Wire format shared with shim/shim.c (struct fm_msg, struct fm_run). Little-endian; one
 // message per SOCK_SEQPACKET datagram.
 const (
-	msgHello      = 1
-	msgHelloOK    = 2
-	msgRegister   = 3
-	msgRegisterOK = 4
-	msgAgentHello = 5
-	msgEvict      = 6
-	msgEvictDone  = 7
+	msgHello       = 1
+	msgHelloOK     = 2
+	msgRegister    = 3
+	msgRegisterOK  = 4
+	msgAgentHello  = 5
+	msgEvict       = 6
+	msgEvictDone   = 7
+	msgFilter      = 8
+	msgFilterOK    = 9
+	msgSyscall     = 10
+	msgSyscallDone = 11
 
-	protoVersion = 2
+	protoVersion = 3
 	msgSize      = 40
 	maxRuns      = 128
 )
@@ -150,6 +154,53 @@ func (a *agentConn) Drop(runs []evictor.Run) error {
 		runs = runs[k:]
 	}
 	return first
+}
+
+// Filter implements fetcher.Agent: the agent installs the mapping filter (shim.c, item 5) on
+// every thread of its process and sends back the filter's listener.
+func (a *agentConn) Filter(minBytes uint64) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.c.send(msg{Type: msgFilter, A: minBytes}, -1) != nil {
+		return -1, evictor.ErrGone
+	}
+	m, fd, err := a.c.recv()
+	if err != nil {
+		return -1, evictor.ErrGone
+	}
+	if m.Type != msgFilterOK || (m.A == 0) != (fd >= 0) {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return -1, fmt.Errorf("agent answered message type %d to a filter request", m.Type)
+	}
+	if m.A != 0 {
+		return -1, unix.Errno(m.A)
+	}
+	return fd, nil
+}
+
+// Syscall implements fetcher.Agent: the agent makes the call in its process and returns the
+// raw result (-errno on failure).
+func (a *agentConn) Syscall(nr uint64, args [6]uint64) (int64, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var b [msgSize + 6*8]byte
+	(&msg{Type: msgSyscall, Version: protoVersion, A: nr}).encode(b[:])
+	for i, v := range args {
+		binary.LittleEndian.PutUint64(b[msgSize+8*i:], v)
+	}
+	if _, err := a.c.c.Write(b[:]); err != nil {
+		return 0, evictor.ErrGone
+	}
+	m, _, err := a.c.recv()
+	if err != nil {
+		return 0, evictor.ErrGone
+	}
+	if m.Type != msgSyscallDone {
+		return 0, fmt.Errorf("agent answered message type %d to a syscall", m.Type)
+	}
+	return int64(m.A), nil
 }
 
 // Close implements fetcher.Agent.

@@ -12,7 +12,14 @@
  *   4. re-arms itself in a fork child: the inherited uffd points at the parent's mm, so it is
  *      closed and a fresh one sent in the child's HELLO. If the parent had ranges registered, the
  *      child's belong to the uffd the kernel handed the runtime in the FORK event instead, which
- *      the runtime sends back as the child's keep-alive copy.
+ *      the runtime sends back as the child's keep-alive copy;
+ *   5. when the runtime arms, installs (from the agent thread, for every thread: TSYNC) a seccomp
+ *      filter that hands the runtime every anonymous private mmap and every brk the interposed
+ *      mmap cannot see (glibc malloc's internal calls) as a user notification; the runtime has the
+ *      agent perform the call (SYSCALL), registers the result, and only then lets the caller
+ *      return, so no page of it is touched unregistered. The agent's own calls, and the
+ *      interposed mmap (which registers by itself), go through one syscall instruction the filter
+ *      lets pass: exempt6.
  *
  * Everything runs on raw syscalls: mmap is called from inside allocators (jemalloc's init) before
  * libc is fully usable. The wire format is shared with launcher/proto.go.
@@ -20,6 +27,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <signal.h>
@@ -43,7 +53,11 @@ enum {
 	MSG_AGENT_HELLO = 5,  /* shim->rt on the agent connection: a=tid */
 	MSG_EVICT = 6,        /* rt->shim: n runs follow the header */
 	MSG_EVICT_DONE = 7,   /* shim->rt: a=first errno (0 if all ok) */
-	PROTO_VERSION = 2,
+	MSG_FILTER = 8,       /* rt->agent: a=min mapping bytes; install the mapping filter */
+	MSG_FILTER_OK = 9,    /* agent->rt: a=status (0 ok, else errno); the listener fd attached */
+	MSG_SYSCALL = 10,     /* rt->agent: a=nr; six u64 arguments follow the header */
+	MSG_SYSCALL_DONE = 11, /* agent->rt: a=the raw result (-errno on failure) */
+	PROTO_VERSION = 3,
 	MAX_RUNS = 128,
 };
 struct fm_msg {
@@ -60,6 +74,21 @@ static long raw6(long n, long a, long b, long c, long d, long e, long f)
 	register long r8 __asm__("r8") = e;
 	register long r9 __asm__("r9") = f;
 	__asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+	return ret;
+}
+
+/* exempt6 is raw6 through the one syscall instruction the mapping filter lets pass (its address
+ * is fm_exempt_ip, the instruction after it, which is what seccomp reports). Never inlined: there
+ * must be exactly one such instruction. */
+extern const char fm_exempt_ip[];
+__attribute__((noinline)) static long exempt6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long ret;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall\n.globl fm_exempt_ip\n.hidden fm_exempt_ip\nfm_exempt_ip:"
+			 : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9) : "rcx", "r11", "memory");
 	return ret;
 }
 
@@ -135,7 +164,49 @@ static long recv_msg(int s, void *buf, size_t len, int *fd)
 	return r;
 }
 
-/* ---- agent thread: executes eviction requests */
+/* ---- the mapping filter (item 5) */
+
+/* install_filter puts the filter on every thread of the process and returns its listener fd, or
+ * -errno. It needs CAP_SYS_ADMIN (farmem runs as root) or no_new_privs, which we do not set: it
+ * would change what the program's own exec of a setuid binary does. */
+static long install_filter(uint64_t min_bytes)
+{
+	uint64_t ip = (uint64_t)fm_exempt_ip;
+	enum { ARG_LO = 0, ARG_HI = 4 }; /* little-endian halves of an argument */
+#define ARG(i, half) (offsetof(struct seccomp_data, args) + 8 * (i) + (half))
+	struct sock_filter f[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_brk, 10, 0),                  /* -> ip check */
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		/* mmap: private anonymous, not a thread stack, at least min_bytes long */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(3, ARG_LO)),
+		BPF_STMT(BPF_ALU | BPF_AND | BPF_K, MAP_ANONYMOUS | MAP_SHARED | MAP_PRIVATE | MAP_STACK),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, MAP_ANONYMOUS | MAP_PRIVATE, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(1, ARG_HI)),
+		BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, 0, 2, 0),                          /* >= 4 GiB */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(1, ARG_LO)),
+		BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, (uint32_t)min_bytes, 0, 5),        /* short: allow */
+		/* ip check: our own syscall instruction passes */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)ip, 0, 2),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer) + 4),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(ip >> 32), 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+#undef ARG
+	struct sock_fprog prog = { sizeof f / sizeof f[0], f };
+	return exempt6(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+		       SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_TSYNC | SECCOMP_FILTER_FLAG_TSYNC_ESRCH,
+		       (long)&prog, 0, 0, 0);
+}
+
+/* ---- agent thread: executes eviction requests, installs the filter, performs notified calls */
 static int agent_sock = -1;
 static void *agent_main(void *arg)
 {
@@ -159,7 +230,22 @@ static void *agent_main(void *arg)
 		long n = recv_msg(agent_sock, buf, sizeof buf, NULL);
 		if (n <= 0) die_runtime_lost();
 		struct fm_msg *m = (struct fm_msg *)buf;
-		if (m->type != MSG_EVICT || n < (long)sizeof *m) continue;
+		if (n < (long)sizeof *m) continue;
+		if (m->type == MSG_SYSCALL && n >= (long)(sizeof *m + 6 * sizeof(uint64_t))) {
+			uint64_t *a = (uint64_t *)(buf + sizeof *m);
+			struct fm_msg done = { .type = MSG_SYSCALL_DONE, .version = PROTO_VERSION,
+					       .a = exempt6(m->a, a[0], a[1], a[2], a[3], a[4], a[5]) };
+			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+			continue;
+		}
+		if (m->type == MSG_FILTER) {
+			long fd = install_filter(m->a);
+			struct fm_msg done = { .type = MSG_FILTER_OK, .version = PROTO_VERSION, .a = fd < 0 ? -fd : 0 };
+			if (send_msg(agent_sock, &done, sizeof done, fd < 0 ? -1 : fd) < 0) die_runtime_lost();
+			if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+			continue;
+		}
+		if (m->type != MSG_EVICT) continue;
 		struct fm_run *runs = (struct fm_run *)(buf + sizeof *m);
 		int err = 0;
 		for (int i = 0; i < m->n && i < MAX_RUNS; i++) {
@@ -275,7 +361,7 @@ static void register_range(uint64_t addr, uint64_t len)
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (state == 0) init();
-	long r = raw6(SYS_mmap, (long)addr, len, prot, flags, fd, off);
+	long r = exempt6(SYS_mmap, (long)addr, len, prot, flags, fd, off);
 	if (r < 0 && r > -4096) { errno = -r; return MAP_FAILED; }
 	if (state == 1 && (flags & MAP_ANONYMOUS) && (flags & (MAP_PRIVATE | MAP_SHARED)) == MAP_PRIVATE &&
 	    (prot & PROT_WRITE) && len >= min_map && !(flags & MAP_STACK))
