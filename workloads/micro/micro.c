@@ -2,7 +2,13 @@
  * micro.c - page-access micro-benchmark for farmem: touches a footprint in a chosen page order,
  * verifies every page it reads, and prints the access rate.
  *
- *   micro [--mib N] [--pattern seq|random|stride:K] [--passes P] [--seed S]
+ *   micro [--mib N] [--pattern seq|random|stride:K|strides:K1,K2] [--passes P] [--seed S]
+ *
+ * Patterns: seq walks the pages in order; random visits a fresh permutation each pass; stride:K
+ * walks every K-th page, then again from the next offset (0, K, 2K, ..., 1, K+1, ...), so every
+ * page is visited once a pass; strides:K1,K2 is two interleaved streams: the first half of the
+ * footprint walked as stride:K1 and the second half as stride:K2, alternating one access from
+ * each (the longer stream finishes alone).
  *
  * The footprint is filled once (each page holds its own index and pass number in every 8-byte
  * word), then P passes read-modify-write one word per page in the pattern's order and check the
@@ -36,13 +42,16 @@ static uint64_t xorshift(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: micro [--mib N] [--pattern seq|random|stride:K] [--passes P] [--seed S]\n");
+	fprintf(stderr, "usage: micro [--mib N] [--pattern seq|random|stride:K|strides:K1,K2] [--passes P] [--seed S]\n"
+			"  seq: pages in order; random: a new permutation each pass; stride:K: every K-th page,\n"
+			"  then the next offset; strides:K1,K2: the first half as stride:K1 and the second as\n"
+			"  stride:K2, one access from each in turn\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
-	size_t mib = 256, passes = 2, stride = 1;
+	size_t mib = 256, passes = 2, stride = 1, stride2 = 0; /* stride2 > 0: strides:stride,stride2 */
 	int random = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -53,7 +62,12 @@ int main(int argc, char **argv)
 			if (!strcmp(v, "seq")) stride = 1;
 			else if (!strcmp(v, "random")) random = 1;
 			else if (!strncmp(v, "stride:", 7) && atoi(v + 7) > 0) stride = atoi(v + 7);
-			else usage();
+			else if (!strncmp(v, "strides:", 8)) {
+				char *end;
+				long a = strtol(v + 8, &end, 10), b = *end == ',' ? strtol(end + 1, &end, 10) : 0;
+				if (a <= 0 || b <= 0 || *end) usage();
+				stride = a, stride2 = b;
+			} else usage();
 			i++;
 		} else usage();
 	}
@@ -71,10 +85,31 @@ int main(int argc, char **argv)
 	double t1 = now();
 	printf("micro: fill pages=%zu secs=%.3f pages_per_sec=%.0f\n", n, t1 - t0, n / (t1 - t0));
 
-	/* The visiting order: a stride walk covering every page, or a random permutation. */
+	/* The visiting order: a stride walk covering every page, two of them interleaved over the
+	 * two halves, or a random permutation (shuffled each pass). */
 	size_t k = 0;
-	for (size_t s = 0; s < stride; s++)
-		for (size_t p = s; p < n; p += stride) order[k++] = p;
+	if (stride2) {
+		size_t h = n / 2, a_s = 0, a_p = 0, b_s = 0, b_p = h, a_done = h == 0, b_done = 0;
+		while (!a_done || !b_done) {
+			if (!a_done) {
+				order[k++] = a_p;
+				if ((a_p += stride) >= h && (a_p = ++a_s) >= stride) a_done = 1;
+				else if (a_p >= h) a_done = 1; /* stride wider than the half: offsets past it */
+			}
+			if (!b_done) {
+				order[k++] = b_p;
+				if ((b_p += stride2) >= n && (b_p = h + ++b_s) >= h + stride2) b_done = 1;
+				else if (b_p >= n) b_done = 1;
+			}
+		}
+	} else
+		for (size_t s = 0; s < stride; s++)
+			for (size_t p = s; p < n; p += stride) order[k++] = p;
+	if (k != n) { fprintf(stderr, "micro: the order has %zu pages, want %zu\n", k, n); return 3; }
+	for (size_t i = 0; i < n; i++) gen[order[i]]++; /* a permutation: every page once a pass */
+	for (size_t p = 0; p < n; p++)
+		if (gen[p] != 1) { fprintf(stderr, "micro: the order visits page %zu %u times\n", p, gen[p]); return 3; }
+	memset(gen, 0, n);
 	size_t bad = 0;
 	for (size_t pass = 1; pass <= passes; pass++) {
 		if (random)
