@@ -12,11 +12,14 @@ shim: $(SHIM)
 $(SHIM): launcher/shim/shim.c
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
 
-workloads: bin/torture bin/micro
+workloads: bin/torture bin/micro bin/pagerank
 bin/torture: workloads/torture/torture.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -pthread -o $@ $<
 bin/micro: workloads/micro/micro.c
+	@mkdir -p bin
+	$(CC) -O2 -Wall -o $@ $<
+bin/pagerank: workloads/graph/pagerank.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -o $@ $<
 
