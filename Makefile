@@ -12,7 +12,7 @@ shim: $(SHIM)
 $(SHIM): launcher/shim/shim.c
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
 
-workloads: bin/torture bin/micro bin/pagerank
+workloads: bin/torture bin/micro bin/pagerank bin/redisdrive
 bin/torture: workloads/torture/torture.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -pthread -o $@ $<
@@ -22,6 +22,10 @@ bin/micro: workloads/micro/micro.c
 bin/pagerank: workloads/graph/pagerank.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -o $@ $<
+.PHONY: bin/redisdrive
+bin/redisdrive:
+	@mkdir -p bin
+	$(GO) build -o $@ ./workloads/bench/redisdrive
 
 test: build
 	$(GO) vet ./...
