@@ -76,6 +76,9 @@ type Evictor struct {
 	// Reserve is room kept free below the cap for memory the program takes without faulting
 	// (BurstReserve): it lowers both watermarks and Limit. Set by the runtime's poll.
 	Reserve atomic.Int64
+	// Cached is the pages held in farmem's prefetch cache (cache mode): they count against the
+	// cap as the program's own do.
+	Cached  atomic.Int64
 	Targets func() []Target
 	Backend backend.Backend
 	Stats   Stats
@@ -142,7 +145,7 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 func (s *Stats) Evicted() int64 { return s.Written.Load() + s.Dropped.Load() + s.Zero.Load() }
 
 // Used is the pages counted against the cap.
-func (e *Evictor) Used() int64 { return e.Resident.Load() + e.Unmanaged.Load() }
+func (e *Evictor) Used() int64 { return e.Resident.Load() + e.Unmanaged.Load() + e.Cached.Load() }
 
 // HighWater is where eviction starts: High less the reserve.
 func (e *Evictor) HighWater() int64 { return e.High - e.Reserve.Load() }

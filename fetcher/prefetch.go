@@ -14,13 +14,14 @@ import (
 // Predictor is what the fault path needs of a prefetcher (package prefetch): fed one demand
 // access at a time, it names the pages to bring ahead of demand.
 //
-// Predicted pages are installed straight into the program (UFFDIO_COPY without a wake,
-// write-protected unless the page was written in its last stay), not kept in a prefetch cache
-// as Leap does: every fault costs a uffd round trip here, so a right guess that still faults
-// would throw most of the gain away. The program's accesses to them are then invisible, so the
-// pages it used are inferred from where its next miss lands (consumedBetween) and fed to the
-// predictor as hits: its history holds the stream's real deltas, not the gaps between misses,
-// and its window grows with them as Leap's does with cache hits.
+// Map mode (no Runtime.PrefetchCache) installs predicted pages straight into the program
+// (UFFDIO_COPY without a wake, write-protected unless the page was written in its last stay):
+// every fault costs a uffd round trip here, so a right guess that still faults, as in Leap's
+// cache mode (pcache.go), gives much of the gain away. The program's accesses to installed
+// pages are invisible, so the pages it used are inferred from where its next miss lands
+// (consumedBetween) and fed to the predictor as hits: its history holds the stream's real
+// deltas, not the gaps between misses, and its window grows with them as Leap's does with
+// cache hits. Cache mode sees its hits: they fault.
 type Predictor interface {
 	// Access feeds one access to page (a page number: address / PageSize); hit says the page
 	// was one this predictor had named. It appends its predictions to out, nearest first.
@@ -62,20 +63,22 @@ func newPrefetchScratch() *prefetchScratch {
 	return &prefetchScratch{buf: make([]byte, MaxPrefetchBatch*ps)}
 }
 
-// predict runs after a demand miss on pg was served from the backend: it feeds the predictor
-// (with the pages map mode infers the program used since the last miss) and queues the
-// predicted pages that are evicted with a stored copy. The table is locked by the caller.
-func (p *Process) predict(pg uint64) {
+// predict runs after a re-fault on pg was served, from the backend or (cache mode, hit) from
+// the prefetch cache: it feeds the predictor and queues the predicted pages that are evicted
+// with a stored copy. Map mode cannot see hits, so it feeds those it infers the program used
+// since the last miss. The table is locked by the caller.
+func (p *Process) predict(pg uint64, hit bool) {
 	s := &p.pf
 	page := pg / ps
-	if len(s.window) > 0 {
+	cache := p.rt.PrefetchCache
+	if cache == nil && len(s.window) > 0 {
 		s.used = consumedBetween(s.lastMiss, s.window, page, s.used[:0])
 		for _, u := range s.used {
 			s.out = s.pred.Access(u, true, s.out[:0])
 		}
 		p.rt.Stats.PrefetchUsed.Add(int64(len(s.used)))
 	}
-	s.out = s.pred.Access(page, false, s.out[:0])
+	s.out = s.pred.Access(page, hit, s.out[:0])
 	s.lastMiss, s.window = page, s.window[:0]
 	var b prefetchBatch
 	for _, q := range s.out {
@@ -87,6 +90,9 @@ func (p *Process) predict(pg uint64) {
 		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.Prefetching || e.InFlight || e.Zapping {
 			continue
 		}
+		if cache != nil && cache.cached(p, a) {
+			continue
+		}
 		b.pages[b.n] = a
 		b.n++
 		s.window = append(s.window, q)
@@ -95,12 +101,12 @@ func (p *Process) predict(pg uint64) {
 		return
 	}
 	if x := s.inline; x != nil {
-		// A store that loads by memcpy: install at once, on this thread, after the demand
+		// A store that loads by memcpy: fetch at once, on this thread, after the demand
 		// page's wake (the table stays locked throughout, so nothing needs marking). A worker
 		// would lose the race to the program's next touch.
 		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
 		p.choose(&b, &x.w)
-		p.install(&x.w, x.buf, p.load(&x.w, x.buf))
+		p.deliver(&x.w, x.buf, p.load(&x.w, x.buf))
 		return
 	}
 	for _, a := range b.pages[:b.n] {
@@ -155,7 +161,7 @@ func (p *Process) prefetchLoop() {
 		p.table.Unlock()
 		n := p.load(&x.w, x.buf)
 		p.table.Lock()
-		p.install(&x.w, x.buf, n)
+		p.deliver(&x.w, x.buf, n)
 		p.finish(&b)
 		p.table.Unlock()
 		// Faults on these pages waited for this batch (see missing): they find their page
@@ -226,6 +232,22 @@ func (p *Process) load(w *prefetchWork, buf []byte) int {
 		n++
 	}
 	return n
+}
+
+// deliver puts the first n loaded pages of w where the mode wants them: into the program (map
+// mode) or the prefetch cache. The table is locked.
+func (p *Process) deliver(w *prefetchWork, buf []byte, n int) {
+	c := p.rt.PrefetchCache
+	if c == nil {
+		p.install(w, buf, n)
+		return
+	}
+	for j := 0; j < n; j++ {
+		if p.unchanged(w, j) {
+			c.put(p, w, j, buf[j*ps:(j+1)*ps])
+			p.rt.Stats.PrefetchInstalled.Add(1)
+		}
+	}
 }
 
 // install maps the first n loaded pages of w that are still the evicted pages they were (same

@@ -28,10 +28,11 @@ const (
 	FromZero    Source = iota // first touch, or a page the program discarded: zeros, no backend
 	FromBackend               // an evicted page read back from the backend
 	FromWP                    // the first write to a clean page: un-write-protect, no copy
+	FromCache                 // an evicted page found in the prefetch cache (cache mode)
 	NumSources
 )
 
-func (s Source) String() string { return [...]string{"zero", "backend", "wp"}[s] }
+func (s Source) String() string { return [...]string{"zero", "backend", "wp", "cache"}[s] }
 
 // Stats counts fault-path work for the run summary.
 type Stats struct {
@@ -69,6 +70,10 @@ type Runtime struct {
 	// NewPredictor makes each process's prefetcher (a fork child gets a fresh one); nil: no
 	// prefetching. Set both before the first Attach.
 	NewPredictor func() Predictor
+	// PrefetchCache, if set, puts the predictor in cache mode: predicted pages wait in it for
+	// their fault rather than being installed (map mode). Its pages count against the cap
+	// (Evictor.Cached). Set it before the first Attach.
+	PrefetchCache *PrefetchCache
 	// Trace, if set, records every served fault (farmem run --record-faults). Set it before
 	// the first Attach; the caller closes it after Close.
 	Trace *faulttrace.Writer
@@ -332,6 +337,9 @@ func (rt *Runtime) retire(p *Process) {
 	p.Stop()
 	if p.prefetchQ != nil {
 		close(p.prefetchQ) // the fault thread, its only sender, has stopped
+	}
+	if c := rt.PrefetchCache; c != nil {
+		c.forget(p)
 	}
 	p.agentMu.Lock()
 	if p.agent != nil {

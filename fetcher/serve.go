@@ -177,18 +177,21 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 		return retry, FromBackend
 	}
 	// Evicted: a re-fault, which is what the prefetcher learns from.
+	src = FromBackend
 	if p.pf.pred != nil {
 		defer func() {
-			if o == served { // not a retry: the prefetcher sees each miss once
-				p.predict(pg) // after the install and its wake: the program runs on meanwhile
+			if o == served { // not a retry: the prefetcher sees each re-fault once
+				p.predict(pg, src == FromCache) // after the install and its wake: the program runs on meanwhile
 			}
 		}()
 	}
 	if e.Slot == 0 {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
-		return p.installed(pg, n, err, true, 0), FromZero
+		return p.installed(pg, n, err, true, 0, FromZero), FromZero
 	}
-	if err := p.rt.Slots.Backend().Load(e.Slot, buf); err != nil {
+	if c := p.rt.PrefetchCache; c != nil && c.take(p, pg, e, buf) {
+		src = FromCache
+	} else if err := p.rt.Slots.Backend().Load(e.Slot, buf); err != nil {
 		p.Fail(fmt.Errorf("page %#x: %w", pg, err))
 		return served, FromBackend
 	}
@@ -198,10 +201,10 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	// dirty, so a page that is only read is later dropped without any write.
 	if write || e.WasWritten {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
-		return p.installed(pg, n, err, true, e.Slot), FromBackend
+		return p.installed(pg, n, err, true, e.Slot, src), src
 	}
 	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, uffd.CopyWP)
-	return p.installed(pg, n, err, false, e.Slot), FromBackend
+	return p.installed(pg, n, err, false, e.Slot, src), src
 }
 
 // zeroFill serves the first touch of a page, filling a growing window of following
@@ -238,13 +241,16 @@ func (p *Process) zeroFill(pg uint64, write bool) outcome {
 	}
 }
 
-// installed finishes a one-page install of slot (or zeros if slot is 0).
-func (p *Process) installed(pg uint64, n int64, err error, dirty bool, slot backend.Slot) outcome {
+// installed finishes a one-page install of slot (or zeros if slot is 0) from src.
+func (p *Process) installed(pg uint64, n int64, err error, dirty bool, slot backend.Slot, src Source) outcome {
 	if n == ps {
 		p.table.Install(pg, dirty, slot)
-		if slot != 0 {
+		switch src {
+		case FromBackend:
 			p.rt.Stats.BackendFaults.Add(1)
-		} else {
+		case FromCache:
+			p.rt.Stats.PrefetchUsed.Add(1)
+		default:
 			p.rt.Stats.ZeroFills.Add(1)
 		}
 		return served
@@ -334,7 +340,7 @@ func (p *Process) present(pg uint64) (bool, error) {
 }
 
 // traceSource is how a fault trace names each Source.
-var traceSource = [NumSources]uint8{FromZero: faulttrace.SourceZero, FromBackend: faulttrace.SourceBackend, FromWP: faulttrace.SourceWP}
+var traceSource = [NumSources]uint8{FromZero: faulttrace.SourceZero, FromBackend: faulttrace.SourceBackend, FromWP: faulttrace.SourceWP, FromCache: faulttrace.SourcePrefetchHit}
 
 // record writes one served fault to the run's trace.
 func (p *Process) record(tr *faulttrace.Writer, flags, pg uint64, src Source, at time.Time) {

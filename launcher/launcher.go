@@ -37,6 +37,9 @@ type Options struct {
 	Quiet    bool
 	// Prefetch chooses each process's prefetcher (its Name "none": no prefetching).
 	Prefetch prefetch.Config
+	// PrefetchCachePages > 0 puts the prefetcher in cache mode with a cache of that many pages;
+	// 0 is map mode.
+	PrefetchCachePages int
 	// Trace, if set, records every served fault. Run stops writing to it before it returns;
 	// the caller closes it.
 	Trace *faulttrace.Writer
@@ -71,6 +74,9 @@ func Run(o Options) (int, error) {
 		rt.NewPredictor = func() fetcher.Predictor {
 			p, _ := prefetch.New(o.Prefetch) // validated above
 			return p
+		}
+		if o.PrefetchCachePages > 0 {
+			rt.PrefetchCache = fetcher.NewPrefetchCache(o.PrefetchCachePages, &rt.Evictor.Cached)
 		}
 	}
 	defer rt.Close()
@@ -169,9 +175,14 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
 	if rt.NewPredictor != nil {
 		used, installed, misses := s.PrefetchUsed.Load(), s.PrefetchInstalled.Load(), s.BackendFaults.Load()
-		fmt.Fprintf(os.Stderr, "farmem: prefetch %s: issued %d, installed %d, used %d (accuracy %.0f%%, coverage %.0f%%)\n",
-			o.Prefetch.WithDefaults().Name, s.PrefetchIssued.Load(), installed, used,
-			100*float64(used)/float64(max(installed, 1)), 100*float64(used)/float64(max(used+misses, 1)))
+		mode, placed, evicted := "map", "installed", ""
+		if c := rt.PrefetchCache; c != nil {
+			mode, placed = fmt.Sprintf("cache of %d pages", c.Pages()), "cached"
+			evicted = fmt.Sprintf(", %d pushed out unused", c.Evicted.Load())
+		}
+		fmt.Fprintf(os.Stderr, "farmem: prefetch %s (%s): issued %d, %s %d, used %d (accuracy %.0f%%, coverage %.0f%%)%s\n",
+			o.Prefetch.WithDefaults().Name, mode, s.PrefetchIssued.Load(), placed, installed, used,
+			100*float64(used)/float64(max(installed, 1)), 100*float64(used)/float64(max(used+misses, 1)), evicted)
 	}
 	if rt.Armed() {
 		fmt.Fprintf(os.Stderr, "farmem: mappings: %d seen as they were made, %d pages found already written by the rescan\n",

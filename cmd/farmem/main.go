@@ -111,6 +111,10 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			cachePages, err := prefetchCachePages(c, capBytes)
+			if err != nil {
+				return err
+			}
 			codec, err := backend.CodecByName(c.String("compress"))
 			if err != nil {
 				return usagef("--compress: %v", err)
@@ -139,7 +143,7 @@ func runCommand() *cli.Command {
 				return err
 			}
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, Trace: trace})
+				Prefetch: pcfg, PrefetchCachePages: cachePages, Trace: trace})
 			if trace != nil { // Run has stopped every fault thread
 				if cerr := closeTrace(c, trace); err == nil {
 					err = cerr

@@ -14,13 +14,42 @@ import (
 // prefetchFlags are farmem run's prefetcher settings.
 func prefetchFlags() []cli.Flag {
 	return []cli.Flag{
-		// Off by default until it holds the cap as tightly as the demand path: under the torture
-		// a prefetching run has overshot the cap by up to 19 MiB (issue 4 is open on it).
+		// Off by default until the side-by-side benchmark (results/prefetch.md) chooses.
 		&cli.StringFlag{Name: "prefetch", Value: prefetch.NameNone, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
 		&cli.StringFlag{Name: "record-faults", Usage: "write every fault served to FILE (time, pid, page, kind, source) for farmem sim; record with\n\t--prefetch none, so that the trace holds every re-fault", TakesFile: true},
 		&cli.IntFlag{Name: "prefetch-history", Value: prefetch.DefaultHistory, Usage: "leap: page deltas kept and voted over"},
 		&cli.IntFlag{Name: "prefetch-max", Value: prefetch.DefaultMax, Usage: fmt.Sprintf("most pages prefetched for one fault (1 to %d)", fetcher.MaxPrefetchBatch)},
+		&cli.StringFlag{Name: "prefetch-mode", Value: modeMap, Usage: "where predicted pages go: map (installed in the program at once, so a right guess costs\n\tno fault) or cache (Leap's: held in a prefetch cache until their fault, which takes them out)"},
+		&cli.IntFlag{Name: "prefetch-cache-pages", Usage: "cache mode: the prefetch cache's size in pages, counted against --local-mem", DefaultText: "1/16 of the cap, 64 to 8192"},
 	}
+}
+
+const (
+	modeMap   = "map"
+	modeCache = "cache"
+)
+
+// prefetchCachePages reads --prefetch-mode and --prefetch-cache-pages for a cap of capBytes:
+// the cache's size in cache mode, 0 in map mode.
+func prefetchCachePages(c *cli.Context, capBytes int64) (int, error) {
+	n, capPages := c.Int("prefetch-cache-pages"), capBytes/fetcher.PageSize
+	switch c.String("prefetch-mode") {
+	case modeMap:
+		if c.IsSet("prefetch-cache-pages") {
+			return 0, usagef("--prefetch-cache-pages applies to --prefetch-mode cache")
+		}
+		return 0, nil
+	case modeCache:
+	default:
+		return 0, usagef("--prefetch-mode %q: give map or cache", c.String("prefetch-mode"))
+	}
+	if !c.IsSet("prefetch-cache-pages") {
+		return int(max(64, min(capPages/16, 8192))), nil
+	}
+	if n < 1 || int64(n) > capPages/2 {
+		return 0, usagef("--prefetch-cache-pages %d: give 1 to %d (half the cap)", n, capPages/2)
+	}
+	return n, nil
 }
 
 // prefetchOptions reads and checks the prefetch flags.

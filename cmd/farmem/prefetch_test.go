@@ -13,12 +13,20 @@ import (
 // Every prefetcher installs pages behind the program's back: the torture (threads, fork,
 // MADV_DONTNEED, munmap, mremap) must still verify every unit with each of them, and the cap
 // holds as for demand faults (prefetch fills only the room below the evictor's high water).
+// Cache mode serves faults from copies read ahead: the same torture catches a stale one.
 func TestPrefetchersKeepDataIntact(t *testing.T) {
-	for _, pf := range []string{"leap", "readahead", "stride", "nextn"} {
+	for _, pf := range []string{"leap", "readahead", "stride", "nextn", "leap/cache"} {
 		t.Run(pf, func(t *testing.T) {
-			out, peaks := runTorture(t, 16, []string{"--prefetch", pf}, "--mib", "128", "--rounds", "3")
-			if !regexpMatch(`prefetch `+pf+`: issued [0-9]+, installed [1-9]`, out) {
-				t.Fatalf("--prefetch %s installed no page: the test did not exercise it", pf)
+			name, mode, _ := strings.Cut(pf, "/")
+			if mode == "" {
+				mode = "map"
+			}
+			out, peaks := runTorture(t, 16, []string{"--prefetch", name, "--prefetch-mode", mode}, "--mib", "128", "--rounds", "3")
+			if !regexpMatch(`prefetch `+name+` \(`+mode+`[^)]*\): issued [0-9]+, (installed|cached) [1-9]`, out) {
+				t.Fatalf("--prefetch %s placed no page: the test did not exercise it", pf)
+			}
+			if mode == "cache" && !regexpMatch(`cache [0-9]+ p50`, out) {
+				t.Fatalf("no fault was served from the prefetch cache")
 			}
 			checkCap(t, peaks, 16<<20)
 		})
@@ -38,21 +46,33 @@ func backendFaults(t *testing.T, out string) int {
 
 // On a strided walk Leap's predictions are installed before the program touches them: the
 // same walk takes far fewer backend faults than with no prefetcher, and every page verifies.
+// In cache mode the same holds for reads from the backend, but the walk still faults on every
+// page Leap got right: those faults are served from the cache.
 func TestLeapPrefetchSavesFaults(t *testing.T) {
 	faults := map[string]int{}
-	for _, pf := range []string{"none", "leap"} {
-		out, _, err := runSampled(t, "run", "--local-mem", "16MiB", "--prefetch", pf, "--",
-			filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "stride:3", "--passes", "2")
+	for _, pf := range []string{"none", "leap/map", "leap/cache"} {
+		name, mode, _ := strings.Cut(pf, "/")
+		args := []string{"run", "--local-mem", "16MiB", "--prefetch", name}
+		if mode != "" {
+			args = append(args, "--prefetch-mode", mode)
+		}
+		out, _, err := runSampled(t, append(args, "--",
+			filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "stride:3", "--passes", "2")...)
 		if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 			t.Fatalf("micro under farmem --prefetch %s: %v", pf, err)
 		}
 		faults[pf] = backendFaults(t, out)
+		if hit := regexpMatch(`; cache [1-9][0-9]* p50`, out); hit != (mode == "cache") {
+			t.Fatalf("--prefetch %s: faults served from the prefetch cache: %v", pf, hit)
+		}
 	}
 	if faults["none"] < 20000 {
 		t.Fatalf("only %d backend faults without prefetching: the walk did not page", faults["none"])
 	}
-	if faults["leap"]*2 > faults["none"] {
-		t.Fatalf("leap took %d backend faults, none %d: want fewer than half", faults["leap"], faults["none"])
+	for _, pf := range []string{"leap/map", "leap/cache"} {
+		if faults[pf]*2 > faults["none"] {
+			t.Fatalf("%s took %d backend faults, none %d: want fewer than half", pf, faults[pf], faults["none"])
+		}
 	}
 }
 
