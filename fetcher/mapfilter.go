@@ -119,19 +119,23 @@ func (rt *Runtime) serveNotifications(fd int) {
 			return
 		default:
 		}
-		if n, err := unix.Poll(pfd, 100); err != nil && !errors.Is(err, unix.EINTR) || n == 0 {
+		n, err := unix.Poll(pfd, 100)
+		if errors.Is(err, unix.EINTR) || (err == nil && n == 0) {
 			continue
+		}
+		if err != nil {
+			return
 		}
 		if pfd[0].Revents&unix.POLLHUP != 0 {
 			return // every process the filter applied to is gone
 		}
-		var n seccompNotif
-		if err := notifRecv(fd, &n); err != nil {
+		var call seccompNotif
+		if err := notifRecv(fd, &call); err != nil {
 			continue // ENOENT: the caller was interrupted meanwhile
 		}
 		// Each on its own: an agent round trip must not hold up other processes' calls, and a
 		// fork child's agent is itself filtered (its calls are answered CONTINUE below).
-		go rt.serveMapping(fd, n)
+		go rt.serveMapping(fd, call)
 	}
 }
 
