@@ -6,6 +6,7 @@ import (
 
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/prefetch"
 )
 
 // PrefetchCache is cache mode's prefetch cache, Leap's: predicted pages wait here, in farmem,
@@ -14,22 +15,19 @@ import (
 // first (FIFO). One cache serves every process of the run, and what it holds counts against
 // the cap (Evictor.Cached), as Leap's prefetched pages count against the cgroup's.
 //
-// The buffers are allocated once; the full ones are linked oldest first, the empty ones kept on
-// a free list, so eviction and a hit's eager free are O(1). A cached page is not tracked in the
-// page table: nothing is marked, nothing need be undone. A lookup takes the buffer only if the
-// page is still the evicted page that was read (same entry, install sequence and slot, as
-// install checks in map mode), so a page the program discarded, moved or got back meanwhile is
-// never served from a stale copy; it just ages out.
+// Which buffer holds which page is prefetch.FIFO's to decide, the policy the replayer scores
+// (farmem sim --cache-pages). A cached page is not tracked in the page table: nothing is
+// marked, nothing need be undone. A lookup takes the buffer only if the page is still the
+// evicted page that was read (same entry, install sequence and slot, as install checks in map
+// mode), so a page the program discarded, moved or got back meanwhile is never served from a
+// stale copy; it just ages out.
 //
 // Lock order: a page table's lock, then mu (the fault thread looks up under its table's lock).
 type PrefetchCache struct {
 	mu    sync.Mutex
-	pages []byte             // len(meta) pages
-	meta  []cachedPage       // protected by mu
-	index map[cacheKey]int32 // protected by mu; the buffer holding each cached page
-	// protected by mu: the full buffers, oldest first (head), linked through meta; the empty ones.
-	head, tail int32
-	free       []int32
+	fifo  *prefetch.FIFO[cacheKey] // protected by mu
+	meta  []cachedPage             // protected by mu; what each of fifo's buffers holds
+	pages []byte                   // protected by mu; the buffers, len(meta) pages
 
 	// Held is the pages cached now; the evictor counts it against the cap.
 	Held *atomic.Int64
@@ -42,71 +40,44 @@ type cacheKey struct {
 	addr uint64
 }
 
-// cachedPage is what a full buffer holds: which page, and what the page was when it was read.
+// cachedPage is what a full buffer holds: what its page was when it was read.
 type cachedPage struct {
-	key        cacheKey
-	entry      *pagetable.Entry
-	seq        uint32
-	slot       backend.Slot
-	prev, next int32 // the FIFO's links; -1 at its ends
+	entry *pagetable.Entry
+	seq   uint32
+	slot  backend.Slot
 }
 
 // NewPrefetchCache returns a cache of n pages whose occupancy is kept in held.
 func NewPrefetchCache(n int, held *atomic.Int64) *PrefetchCache {
-	c := &PrefetchCache{pages: make([]byte, n*ps), meta: make([]cachedPage, n), index: make(map[cacheKey]int32, n),
-		head: -1, tail: -1, free: make([]int32, n), Held: held}
-	for i := range c.free {
-		c.free[i] = int32(n - 1 - i)
-	}
-	return c
+	return &PrefetchCache{fifo: prefetch.NewFIFO[cacheKey](n), meta: make([]cachedPage, n), pages: make([]byte, n*ps), Held: held}
 }
 
 // Pages is the cache's size in pages.
 func (c *PrefetchCache) Pages() int { return len(c.meta) }
 
-// put caches page j of w, read into src, evicting the oldest prediction if the cache is full.
-// The page's table is locked by the caller.
+// put caches page j of w, read into src, pushing out the oldest prediction if the cache is
+// full. The page's table is locked by the caller.
 func (c *PrefetchCache) put(p *Process, w *prefetchWork, j int, src []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := cacheKey{p, w.addr[j]}
-	if i, ok := c.index[k]; ok {
+	if i, ok := c.fifo.Lookup(k); ok {
 		c.drop(i) // a newer read of the same page replaces it
 	}
-	if len(c.free) == 0 {
-		c.drop(c.head)
+	i, pushed := c.fifo.Insert(k)
+	if pushed {
 		c.Evicted.Add(1)
+		c.Held.Add(-1)
 	}
-	i := c.free[len(c.free)-1]
-	c.free = c.free[:len(c.free)-1]
-	c.meta[i] = cachedPage{key: k, entry: w.entry[j], seq: w.seq[j], slot: w.slot[j], prev: c.tail, next: -1}
-	if c.tail >= 0 {
-		c.meta[c.tail].next = i
-	} else {
-		c.head = i
-	}
-	c.tail = i
-	c.index[k] = i
+	c.meta[i] = cachedPage{entry: w.entry[j], seq: w.seq[j], slot: w.slot[j]}
 	c.Held.Add(1)
-	copy(c.pages[int(i)*ps:int(i+1)*ps], src)
+	copy(c.pages[i*ps:(i+1)*ps], src)
 }
 
 // drop empties buffer i. mu is held.
-func (c *PrefetchCache) drop(i int32) {
-	m := &c.meta[i]
-	if m.prev >= 0 {
-		c.meta[m.prev].next = m.next
-	} else {
-		c.head = m.next
-	}
-	if m.next >= 0 {
-		c.meta[m.next].prev = m.prev
-	} else {
-		c.tail = m.prev
-	}
-	delete(c.index, m.key)
-	*m = cachedPage{}
-	c.free = append(c.free, i)
+func (c *PrefetchCache) drop(i int) {
+	c.fifo.Remove(i)
+	c.meta[i] = cachedPage{}
 	c.Held.Add(-1)
 }
 
@@ -114,7 +85,7 @@ func (c *PrefetchCache) drop(i int32) {
 func (c *PrefetchCache) cached(p *Process, addr uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.index[cacheKey{p, addr}]
+	_, ok := c.fifo.Lookup(cacheKey{p, addr})
 	return ok
 }
 
@@ -124,14 +95,14 @@ func (c *PrefetchCache) cached(p *Process, addr uint64) bool {
 func (c *PrefetchCache) take(p *Process, addr uint64, e *pagetable.Entry, dst []byte) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	i, found := c.index[cacheKey{p, addr}]
+	i, found := c.fifo.Lookup(cacheKey{p, addr})
 	if !found {
 		return false
 	}
 	m := &c.meta[i]
 	ok := m.entry == e && m.seq == e.Seq && m.slot == e.Slot && e.State == pagetable.Evicted
 	if ok {
-		copy(dst, c.pages[int(i)*ps:int(i+1)*ps])
+		copy(dst, c.pages[i*ps:(i+1)*ps])
 	}
 	c.drop(i)
 	return ok
@@ -141,9 +112,7 @@ func (c *PrefetchCache) take(p *Process, addr uint64, e *pagetable.Entry, dst []
 func (c *PrefetchCache) forget(p *Process) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for k, i := range c.index {
-		if k.p == p {
-			c.drop(i)
-		}
-	}
+	n := c.fifo.Len()
+	c.fifo.RemoveIf(func(k cacheKey) bool { return k.p == p })
+	c.Held.Add(int64(c.fifo.Len() - n))
 }

@@ -42,13 +42,6 @@ type cacheKey struct {
 	page uint64
 }
 
-// slot is one page of the cache, linked in issue order (the FIFO).
-type slot struct {
-	key        cacheKey
-	issued     uint64 // the process's fault count at the fault that issued the page
-	prev, next int32  // neighbours in the FIFO: prev is older; -1 at either end
-}
-
 // process is one pid's replay state.
 type process struct {
 	p      Prefetcher
@@ -83,16 +76,14 @@ const leadBuckets = 1 << 16
 type Replayer struct {
 	config Config
 	procs  map[uint32]*process // by pid, made on a pid's first fault
-	// The cache: capacity slots, the used ones linked oldest (head) to newest (tail) and
-	// found by key; a hit unlinks its slot at once (eager eviction) and frees it.
-	slots      []slot
-	index      map[cacheKey]int32
-	head, tail int32   // oldest and newest used slot, -1 when the cache is empty
-	free       []int32 // unused slots
-	out        []uint64
-	leads      []uint64 // hits by lead, len leadBuckets+1 (the last: leadBuckets or more)
-	leadSum    float64
-	m          Metrics
+	// The cache: which buffer holds each prefetched page (the FIFO the live cache uses), and
+	// the process's fault count when each buffer's page was issued.
+	cache   *FIFO[cacheKey]
+	issued  []uint64
+	out     []uint64
+	leads   []uint64 // hits by lead, len leadBuckets+1 (the last: leadBuckets or more)
+	leadSum float64
+	m       Metrics
 }
 
 // NewReplayer returns a Replayer for prefetchers made from c and a cache of cachePages.
@@ -107,17 +98,11 @@ func NewReplayer(c Config, cachePages int) (*Replayer, error) {
 	r := &Replayer{
 		config: c,
 		procs:  make(map[uint32]*process),
-		slots:  make([]slot, cachePages),
-		index:  make(map[cacheKey]int32),
-		head:   -1,
-		tail:   -1,
-		free:   make([]int32, cachePages),
+		cache:  NewFIFO[cacheKey](cachePages),
+		issued: make([]uint64, cachePages),
 		out:    make([]uint64, 0, c.Max),
 		leads:  make([]uint64, leadBuckets+1),
 		m:      Metrics{Prefetcher: c.Name},
-	}
-	for i := range r.free {
-		r.free[i] = int32(cachePages - 1 - i)
 	}
 	return r, nil
 }
@@ -135,10 +120,10 @@ func (r *Replayer) Access(pid uint32, page uint64) {
 	}
 	proc.faults++
 	r.m.Faults++
-	i, hit := r.index[cacheKey{pid, page}]
+	i, hit := r.cache.Lookup(cacheKey{pid, page})
 	if hit {
-		lead := proc.faults - r.slots[i].issued
-		r.remove(i) // eager eviction: the page is the process's now
+		lead := proc.faults - r.issued[i]
+		r.cache.Remove(i) // eager eviction: the page is the process's now
 		r.m.Hits++
 		r.leads[min(lead, leadBuckets)]++
 		r.leadSum += float64(lead)
@@ -149,47 +134,16 @@ func (r *Replayer) Access(pid uint32, page uint64) {
 	r.out = proc.p.Access(page, hit, r.out[:0])
 	for _, p := range r.out {
 		k := cacheKey{pid, p}
-		if _, ok := r.index[k]; ok {
+		if _, ok := r.cache.Lookup(k); ok {
 			continue
 		}
-		if len(r.free) == 0 {
-			r.remove(r.head) // full: the oldest prefetched page goes, unused
-			r.m.Evicted++
+		i, pushed := r.cache.Insert(k)
+		if pushed {
+			r.m.Evicted++ // full: the oldest prefetched page went, unused
 		}
-		r.insert(k, proc.faults)
+		r.issued[i] = proc.faults
 		r.m.Prefetched++
 	}
-}
-
-// insert caches k as the newest page, in a free slot.
-func (r *Replayer) insert(k cacheKey, issued uint64) {
-	i := r.free[len(r.free)-1]
-	r.free = r.free[:len(r.free)-1]
-	r.slots[i] = slot{key: k, issued: issued, prev: r.tail, next: -1}
-	if r.tail >= 0 {
-		r.slots[r.tail].next = i
-	} else {
-		r.head = i
-	}
-	r.tail = i
-	r.index[k] = i
-}
-
-// remove takes slot i out of the cache and frees it.
-func (r *Replayer) remove(i int32) {
-	s := r.slots[i]
-	if s.prev >= 0 {
-		r.slots[s.prev].next = s.next
-	} else {
-		r.head = s.next
-	}
-	if s.next >= 0 {
-		r.slots[s.next].prev = s.prev
-	} else {
-		r.tail = s.prev
-	}
-	delete(r.index, s.key)
-	r.free = append(r.free, i)
 }
 
 // Metrics returns the measures so far; pages still cached count as pollution. The replay
@@ -198,7 +152,7 @@ func (r *Replayer) Metrics() Metrics {
 	m := r.m
 	m.Processes = len(r.procs)
 	m.Misses = m.Faults - m.Hits
-	m.Pollution = m.Evicted + uint64(len(r.index))
+	m.Pollution = m.Evicted + uint64(r.cache.Len())
 	if m.Prefetched > 0 {
 		m.Accuracy = float64(m.Hits) / float64(m.Prefetched)
 	}

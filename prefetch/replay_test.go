@@ -123,8 +123,8 @@ func TestReplayCacheBound(t *testing.T) {
 	}
 	for i := range uint64(5000) {
 		r.Access(uint32(i%3), (i*7919)%512)
-		if len(r.index) > 16 || len(r.index)+len(r.free) != 16 {
-			t.Fatalf("fault %d: %d cached, %d free of 16", i, len(r.index), len(r.free))
+		if f := r.cache; f.Len() > 16 || f.Len()+len(f.free) != 16 || len(f.index) != f.Len() {
+			t.Fatalf("fault %d: %d cached, %d free of 16", i, f.Len(), len(f.free))
 		}
 	}
 	m := r.Metrics()
