@@ -48,6 +48,14 @@ bench: build bench-fabric
 bench-smoke: build bin/bench-fabric
 	ROUNDS=1 OUT=/tmp/farmem-bench-smoke.md workloads/bench/redis.sh 60000 5000
 	bin/bench-fabric -n 2000 -batches 20 -faults 1000 -rounds 1 -out /tmp/farmem-bench-fabric-smoke.md
+	SCALE=0.25 ROUNDS=1 CAPS=25 OUT=/tmp/farmem-bench-prefetch-smoke.md workloads/bench/prefetch.sh
+
+# The prefetchers (issue 4): fault traces replayed by farmem sim and end-to-end runs of micro,
+# redis and pagerank at 50 % and 25 % caps with each prefetcher (about 15 minutes, as root):
+# results/prefetch.md. SCALE, ROUNDS, WORKLOADS, CAPS, OUT: see the script.
+.PHONY: bench-prefetch
+bench-prefetch: build
+	workloads/bench/prefetch.sh
 
 # The transports (tcp, shm) against the raw floors measured in the same run (about 20 s, as root:
 # the fault-service table needs userfaultfd): results/fabric.md.

@@ -1,0 +1,379 @@
+#!/usr/bin/env bash
+# The prefetcher benchmark (issue 4): for each workload,
+#   1. its footprint, measured once natively (peak RSS, VmHWM), with its native time;
+#   2. a fault trace recorded at 25 % of the footprint with --prefetch none, replayed through every
+#      prefetcher by `farmem sim --prefetcher all --json`: misses, pollution, accuracy, coverage,
+#      lead (the timeliness proxy);
+#   3. end to end: the live workload at 50 % and 25 % caps with --prefetch none, leap, readahead,
+#      stride and nextn (and leap in both --prefetch-modes, map and cache, when farmem run has the
+#      flag), ROUNDS times interleaved; the medians of wall time and backend faults, and the time
+#      relative to none at the same cap.
+# Every run checks the workload's own verdict (micro: OK bad=0; pagerank: the checksum of the
+# native run; redisdrive: OK, every value read checked) and stops the benchmark if it fails.
+#
+# Usage: workloads/bench/prefetch.sh   (make bench-prefetch; make bench-smoke runs a short one)
+# Env:   SCALE      multiplies the workload sizes (default 1: micro 128 MiB, redis 100k keys of
+#                   1000 B and 100k ops, pagerank 64 MiB); caps below farmem's 16 MiB are raised to it
+#        ROUNDS     end-to-end rounds, the median is reported (default 3)
+#        WORKLOADS  a subset of: seq stride strides random redis pagerank (default all)
+#        CAPS       cap percentages for the end-to-end runs (default "50 25")
+#        OUT        the report (default results/prefetch.md); logs and traces go to WORK
+#        WORK       scratch directory (default: a fresh mktemp -d, removed at exit unless KEEP=1)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+scale=${SCALE:-1}
+rounds=${ROUNDS:-3}
+workloads=${WORKLOADS:-seq stride strides random redis pagerank}
+caps=${CAPS:-50 25}
+out=${OUT:-results/prefetch.md}
+farmem=bin/farmem
+
+die() { echo "prefetch.sh: $*" >&2; exit 1; }
+for b in $farmem bin/micro bin/pagerank bin/redisdrive; do
+  [ -x $b ] || die "$b is missing: run make build first"
+done
+for t in jq bc /usr/bin/time; do
+  command -v $t >/dev/null || die "$t is missing: apt-get install ${t##*/}"
+done
+case " $workloads " in *" redis "*)
+  for t in redis-server redis-cli; do
+    command -v $t >/dev/null || die "$t is missing: apt-get install redis-server (or leave redis out of WORKLOADS)"
+  done ;;
+esac
+for w in $workloads; do
+  case $w in seq | stride | strides | random | redis | pagerank) ;; *) die "unknown workload $w (WORKLOADS: seq stride strides random redis pagerank)" ;; esac
+done
+
+# The workload sizes: SCALE times the defaults, chosen so that the whole benchmark takes about
+# 15 minutes on 2 cores (216 end-to-end runs).
+scaled() { awk -v v="$1" -v s="$scale" -v lo="$2" 'BEGIN { x = int(v * s + 0.5); print (x < lo) ? lo : x }'; }
+micro_mib=$(scaled 128 8)
+micro_passes=2
+redis_keys=$(scaled 100000 1000)
+redis_ops=$(scaled 100000 1000)
+pagerank_mib=$(scaled 64 8)
+
+# Prefetch configurations: NAME or NAME:MODE. Leap in both modes when farmem run has them.
+configs="none leap readahead stride nextn"
+has_modes=0
+help=$($farmem run --help 2>&1 | tr -s ' \n' ' ' || true) # (grep -q in a pipe would SIGPIPE farmem: pipefail)
+case "$help" in
+  *--prefetch-mode*)
+    mode_help=${help#*--prefetch-mode} # the flag's own usage text: up to the next flag
+    mode_help=${mode_help%% --*}
+    case "$mode_help" in *map*cache* | *cache*map*) has_modes=1; configs="none leap:map leap:cache readahead stride nextn" ;; esac ;;
+esac
+
+declare -A ref_sum   # pagerank: the native run's checksum
+declare -A footprint # MiB
+declare -A native_s  # the native run's wall time
+
+work=${WORK:-$(mktemp -d /tmp/farmem-bench-prefetch.XXXXXX)}
+mkdir -p "$work" "$(dirname "$out")"
+bg= # the background process this script started and has not reaped: redis-server, or farmem running it
+cleanup() {
+  local st=$?
+  if [ -n "$bg" ] && kill -0 "$bg" 2>/dev/null; then
+    for c in $(pgrep -P "$bg" || true); do kill "$c" 2>/dev/null || true; done
+    kill "$bg" 2>/dev/null || true
+    wait "$bg" 2>/dev/null || true
+  fi
+  if [ "${KEEP:-0}" = 1 ] || [ $st != 0 ]; then
+    echo "prefetch.sh: logs and traces kept in $work" >&2
+  elif [ -z "${WORK:-}" ]; then
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+now() { date +%s.%N; }
+elapsed() { echo "$(now) - $1" | bc; }
+
+# warm WL touches guest memory before a run: first touch of cold guest memory costs ~10 us/page
+# here, which would bill whichever run came first (as in redis.sh). Three times the footprint
+# (the program, farmem's store, slack), 64 MiB to 1 GiB.
+warm() {
+  local f=${footprint[$1]:-341}
+  dd if=/dev/zero of=/dev/null bs=1M count=$((f * 3 < 64 ? 64 : f * 3 > 1024 ? 1024 : f * 3)) 2>/dev/null || true
+}
+
+# fail LOG MESSAGE: a workload's verdict was wrong or it failed.
+fail() {
+  echo "prefetch.sh: FAILED: $2" >&2
+  echo "---- last lines of $1:" >&2
+  tail -20 "$1" >&2 || true
+  exit 1
+}
+
+# free_port: a port on 127.0.0.1 nothing listens on.
+free_port() {
+  local p
+  for p in $(seq $((6500 + $$ % 400)) 7000); do
+    if ! (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then echo $p; return; fi
+  done
+  die "no free port for redis-server"
+}
+
+wl_title() {
+  case $1 in
+    seq) echo "micro seq" ;;
+    stride) echo "micro stride:10" ;;
+    strides) echo "micro strides:3,7" ;;
+    random) echo "micro random" ;;
+    redis) echo "redis-server + redisdrive" ;;
+    pagerank) echo "pagerank" ;;
+  esac
+}
+wl_args() { # the workload's command line (micro, pagerank)
+  case $1 in
+    seq) echo "bin/micro --mib $micro_mib --passes $micro_passes --pattern seq" ;;
+    stride) echo "bin/micro --mib $micro_mib --passes $micro_passes --pattern stride:10" ;;
+    strides) echo "bin/micro --mib $micro_mib --passes $micro_passes --pattern strides:3,7" ;;
+    random) echo "bin/micro --mib $micro_mib --passes $micro_passes --pattern random" ;;
+    pagerank) echo "bin/pagerank --mib $pagerank_mib" ;;
+  esac
+}
+redis_server_args() { echo "redis-server --port $1 --bind 127.0.0.1 --save \"\" --appendonly no"; }
+redisdrive_args() { echo "bin/redisdrive --addr 127.0.0.1:$1 --keys $redis_keys --ops $redis_ops"; }
+
+# check WL LOG: the workload's own verdict in LOG.
+check() {
+  case $1 in
+    seq | stride | strides | random) grep -q '^micro: OK bad=0$' "$2" || fail "$2" "$1: micro did not report OK" ;;
+    pagerank)
+      grep -q "^pagerank: OK checksum=${ref_sum[pagerank]} " "$2" ||
+        fail "$2" "pagerank: no OK line with the native run's checksum ${ref_sum[pagerank]}" ;;
+    redis) grep -q '^redisdrive: OK ' "$2" || fail "$2" "redis: redisdrive did not report OK" ;;
+  esac
+}
+
+# run_redis LOG PREFIX...: redis-server under PREFIX (none: natively), driven once by
+# redisdrive; sets secs to the driver's wall time and, natively, hwm to redis-server's VmHWM in MiB.
+run_redis() {
+  local log=$1; shift
+  local port; port=$(free_port)
+  "$@" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$log" 2>&1 &
+  bg=$!
+  local up=0
+  for _ in $(seq 200); do
+    if redis-cli -p "$port" ping >/dev/null 2>&1; then up=1; break; fi
+    kill -0 $bg 2>/dev/null || break
+    sleep 0.05
+  done
+  [ $up = 1 ] || fail "$log" "redis-server (under '$*') did not start"
+  local t0 st=0; t0=$(now)
+  # shellcheck disable=SC2046 # the argument string is words on purpose
+  $(redisdrive_args "$port") >"$log.drive" 2>&1 || st=$?
+  secs=$(elapsed "$t0")
+  hwm=-
+  if [ $# = 0 ]; then hwm=$(awk '/^VmHWM:/ {print int($2 / 1024 + 0.5)}' /proc/$bg/status); fi
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  local rst=0
+  wait $bg || rst=$?
+  bg=
+  cat "$log.drive" >>"$log"
+  [ $st = 0 ] || fail "$log" "redisdrive exited with status $st"
+  [ $rst = 0 ] || fail "$log" "redis-server (under '$*') exited with status $rst"
+  check redis "$log"
+}
+
+# run_wl WL LOG PREFIX...: one run of the workload under PREFIX (none: natively); checks its
+# verdict and sets secs to its wall time (redis: the driver's).
+run_wl() {
+  local wl=$1 log=$2; shift 2
+  if [ "$wl" = redis ]; then
+    run_redis "$log" "$@"
+    return
+  fi
+  local t0 st=0; t0=$(now)
+  # shellcheck disable=SC2046
+  "$@" $(wl_args "$wl") >"$log" 2>&1 || st=$?
+  secs=$(elapsed "$t0")
+  [ $st = 0 ] || fail "$log" "$wl under '$*' exited with status $st"
+  check "$wl" "$log"
+}
+
+# cap_mib WL PCT: PCT % of the footprint, at least farmem's 16 MiB.
+cap_mib() { awk -v f="${footprint[$1]}" -v p="$2" 'BEGIN { c = int(f * p / 100 + 0.5); print (c < 16) ? 16 : c }'; }
+
+# prefetch_flags CONFIG: farmem run's flags for NAME or NAME:MODE.
+prefetch_flags() {
+  case $1 in
+    *:*) echo "--prefetch ${1%%:*} --prefetch-mode ${1#*:}" ;;
+    *) echo "--prefetch $1" ;;
+  esac
+}
+config_label() {
+  case $1 in
+    *:*) echo "${1%%:*} (${1#*:})" ;;
+    *) echo "$1" ;;
+  esac
+}
+
+busy() { pgrep -f '\.ci/run|go test' >/dev/null && echo "busy (a test suite was running: $(pgrep -fa '\.ci/run|go test' | head -2 | cut -c1-60 | tr '\n' ';'))" || echo "idle"; }
+busy_start=$(busy)
+start=$(now)
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
+
+# 1. Footprints and native references.
+for wl in $workloads; do
+  log=$work/$wl-native.log
+  warm "$wl"
+  if [ "$wl" = redis ]; then
+    run_redis "$log"
+    native_s[$wl]=$secs
+    footprint[$wl]=$hwm
+  else
+    t0=$(now)
+    # shellcheck disable=SC2046
+    /usr/bin/time -f 'maxrss_kb %M' -o "$log.time" $(wl_args "$wl") >"$log" 2>&1 || fail "$log" "$wl failed natively"
+    native_s[$wl]=$(elapsed "$t0")
+    footprint[$wl]=$(awk '/^maxrss_kb/ {print int($2 / 1024 + 0.5)}' "$log.time")
+    if [ "$wl" = pagerank ]; then
+      ref_sum[pagerank]=$(sed -n 's/^pagerank: OK checksum=\([0-9a-f]*\) .*/\1/p' "$log")
+      [ -n "${ref_sum[pagerank]}" ] || fail "$log" "pagerank did not report OK natively"
+    fi
+    check "$wl" "$log"
+  fi
+  echo "prefetch.sh: $wl: footprint ${footprint[$wl]} MiB, native $(printf %.2f "${native_s[$wl]}") s" >&2
+done
+
+# 2. Traces at 25 %, replayed through every prefetcher.
+for wl in $workloads; do
+  cap=$(cap_mib "$wl" 25)
+  trace=$work/$wl.fmtrace
+  warm "$wl"
+  run_wl "$wl" "$work/$wl-trace.log" $farmem run --quiet --prefetch none --record-faults "$trace" --local-mem "${cap}MiB" --
+  $farmem sim --trace "$trace" --prefetcher all --json >"$work/$wl-sim.json" || die "farmem sim failed on $trace"
+  echo "prefetch.sh: $wl: trace at ${cap} MiB: $(jq .faults "$work/$wl-sim.json") faults replayed" >&2
+done
+
+# 3. End to end, rounds interleaved.
+raw=$work/runs.txt
+: >"$raw"
+ncfg=$(echo $configs | wc -w); ncap=$(echo $caps | wc -w); nwl=$(echo $workloads | wc -w)
+total=$((rounds * ncfg * ncap * nwl)); i=0
+for wl in $workloads; do
+  for r in $(seq "$rounds"); do
+    for pct in $caps; do
+      cap=$(cap_mib "$wl" "$pct")
+      for cfg in $configs; do
+        i=$((i + 1))
+        log=$work/$wl-$pct-${cfg/:/-}-$r.log
+        warm "$wl"
+        # shellcheck disable=SC2046
+        run_wl "$wl" "$log" $farmem run $(prefetch_flags "$cfg") --local-mem "${cap}MiB" --
+        backend=$(sed -n 's/.*faults: zero-fill [0-9]* ([0-9]* pages), backend \([0-9]*\);.*/\1/p' "$log" | head -1)
+        [ -n "$backend" ] || fail "$log" "no farmem summary (faults: ...) in the log"
+        # map mode: "issued X, installed Y, used Z"; cache mode: "issued X, cached Y, used Z"
+        pf=$(sed -En 's/.*farmem: prefetch [^:]*: issued ([0-9]+), (installed|cached) ([0-9]+), used ([0-9]+).*/\1 \3 \4/p' "$log" | head -1)
+        if [ -z "$pf" ]; then
+          [ "$cfg" = none ] || echo "prefetch.sh: warning: no 'farmem: prefetch' line in $log (counted as 0)" >&2
+          pf="0 0 0"
+        fi
+        ops=-
+        if [ "$wl" = redis ]; then ops=$(sed -n 's/^redisdrive: run .* ops_per_sec=\([0-9]*\)$/\1/p' "$log" | head -1); fi
+        echo "$wl $pct $cfg $r $secs $backend $pf $ops" >>"$raw"
+        printf 'prefetch.sh: [%d/%d] %s %s%% %s round %d: %.2f s, backend faults %s\n' $i $total "$wl" "$pct" "$cfg" "$r" "$secs" "$backend" >&2
+      done
+    done
+  done
+done
+total_s=$(elapsed "$start")
+busy_end=$(busy)
+
+# median WL PCT CFG FIELD: the median over the rounds of one field of runs.txt.
+median() {
+  awk -v w="$1" -v p="$2" -v c="$3" -v f="$4" '$1 == w && $2 == p && $3 == c {print $f}' "$raw" | sort -g |
+    awk '{v[NR] = $1} END {if (NR == 0) print "-"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+
+cmd="workloads/bench/prefetch.sh"
+for v in OUT CAPS WORKLOADS ROUNDS SCALE; do
+  if [ -n "${!v:-}" ]; then cmd="$v=$(printf %q "${!v}") $cmd"; fi
+done
+changed=$(git status --porcelain -- . ':!results' 2>/dev/null | awk '{print $2}' | tr '\n' ' ')
+{
+  echo "# Prefetchers: fault traces and end to end"
+  echo
+  echo "Command: \`$cmd\`${MAKELEVEL:+ (from make)}, started $started, took $(printf %.0f "$total_s") s."
+  echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), $(awk '/MemTotal/ {print int($2 / 1048576 + 0.5)}' /proc/meminfo) GiB, Linux $(uname -r);"
+  echo "farmem $(git rev-parse --short HEAD 2>/dev/null || echo '?')${changed:+ with uncommitted changes in $changed}; embedded backend, no compression."
+  echo "The machine was $busy_start at the start and $busy_end at the end."
+  echo
+  echo "## Workloads"
+  echo
+  echo "Footprint: the native run's peak RSS (VmHWM; the caps are on anonymous memory, which is all"
+  echo "but a few MiB of it). Caps are rounded to MiB and at least farmem's 16 MiB."
+  echo
+  echo "| workload | command | footprint MiB | cap 50 % | cap 25 % | native s |"
+  echo "|---|---|---|---|---|---|"
+  for wl in $workloads; do
+    case $wl in
+      redis) c="\`$(redis_server_args PORT)\` driven by \`$(redisdrive_args PORT)\` (1000 B values, zipfian 0.99, 90 % GET; populate, ops, then a GET of every key)" ;;
+      pagerank) c="\`$(wl_args "$wl")\` (10 iterations; checksum ${ref_sum[pagerank]} checked on every run)" ;;
+      *) c="\`$(wl_args "$wl")\`" ;;
+    esac
+    printf '| %s | %s | %s | %s | %s | %.2f |\n' "$(wl_title "$wl")" "$c" "${footprint[$wl]}" "$(cap_mib "$wl" 50)" "$(cap_mib "$wl" 25)" "${native_s[$wl]}"
+  done
+  echo
+  echo "## Traces replayed (\`farmem sim --prefetcher all --json\`)"
+  echo
+  echo "Each trace was recorded with \`farmem run --prefetch none --record-faults\` at the 25 % cap."
+  echo "sim's model is Leap's: predicted pages go to a FIFO prefetch cache (4096 pages); a fault"
+  echo "that finds its page there is a hit. Misses: faults still served from far memory (fewer is"
+  echo "better); pollution: prefetched pages never used; accuracy = hits / prefetched; coverage ="
+  echo "hits / faults; lead (timeliness): the process's faults between a page's prefetch and its"
+  echo "use, median and mean, and the share of hits with lead 1 (fetched by the fault just before,"
+  echo "which a live run may not have received in time). History 32, max 8 pages a fault."
+  for wl in $workloads; do
+    j=$work/$wl-sim.json
+    echo
+    echo "### $(wl_title "$wl"): $(jq .faults "$j") faults replayed ($(jq .skipped "$j") first-touch/write-protect skipped), $(jq .processes "$j") process(es)"
+    echo
+    echo "| prefetcher | misses | hits | prefetched | pollution | accuracy | coverage | lead p50 | lead mean | lead=1 |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    jq -r '.results[] | [.prefetcher, .misses, .hits, .prefetched, .pollution, .accuracy, .coverage, .lead_p50, .lead_mean, .lead_one] | @tsv' "$j" |
+      awk -F'\t' '{printf "| %s | %d | %d | %d | %d | %.1f %% | %.1f %% | %d | %.1f | %s |\n", $1, $2, $3, $4, $5, 100 * $6, 100 * $7, $8, $9, ($3 > 0) ? sprintf("%.0f %%", 100 * $10 / $3) : "-"}'
+    echo
+    echo "Fewest misses: $(jq -r '.results | min_by(.misses) | "\(.prefetcher) (\(.misses) of \(.faults))"' "$j")."
+  done
+  echo
+  echo "## End to end (medians of $rounds rounds, interleaved)"
+  echo
+  echo "Wall time: the whole run (redis: the driver's populate, ops and verify; redis-server's start"
+  echo "and shutdown excluded). x none: the time over none's at the same cap (below 1 is faster)."
+  echo "Backend faults: farmem's count (the misses). Installed: the live prefetcher's pages put into"
+  echo "the program (map mode) or its prefetch cache (cache mode); used: the ones inferred used (map)"
+  echo "or taken from the cache by a fault (cache), as farmem's summary counts them."
+  if [ $has_modes = 1 ]; then echo "leap ran in both \`--prefetch-mode\`s: map (installed at once) and cache (held until their fault); the other prefetchers in the default (map)."; fi
+  for wl in $workloads; do
+    echo
+    echo "### $(wl_title "$wl")"
+    echo
+    if [ "$wl" = redis ]; then
+      echo "| cap | prefetch | wall s | x none | backend faults | installed | used | ops/s (zipfian phase) |"
+      echo "|---|---|---|---|---|---|---|---|"
+    else
+      echo "| cap | prefetch | wall s | x none | backend faults | installed | used |"
+      echo "|---|---|---|---|---|---|---|"
+    fi
+    for pct in $caps; do
+      base=$(median "$wl" "$pct" none 5)
+      for cfg in $configs; do
+        s=$(median "$wl" "$pct" "$cfg" 5)
+        extra=""
+        if [ "$wl" = redis ]; then extra=" $(median "$wl" "$pct" "$cfg" 10 | awk '{printf "%.0f", $1}') |"; fi
+        printf '| %s %% (%s MiB) | %s | %.2f | %.2f | %.0f | %.0f | %.0f |%s\n' "$pct" "$(cap_mib "$wl" "$pct")" "$(config_label "$cfg")" "$s" \
+          "$(echo "$s / $base" | bc -l)" "$(median "$wl" "$pct" "$cfg" 6)" "$(median "$wl" "$pct" "$cfg" 8)" "$(median "$wl" "$pct" "$cfg" 9)" "$extra"
+      done
+    done
+  done
+  echo
+  echo "Every run (workload cap% config round wall_s backend_faults issued installed used redis_ops_per_s):"
+  echo
+  sed 's/^/    /' "$raw"
+} >"$out"
+echo "prefetch.sh: wrote $out in $(printf %.0f "$total_s") s" >&2
