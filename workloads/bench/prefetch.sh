@@ -19,6 +19,9 @@
 #        CAPS       cap percentages for the end-to-end runs (default "50 25")
 #        OUT        the report (default results/prefetch.md); logs and traces go to WORK
 #        WORK       scratch directory (default: a fresh mktemp -d, removed at exit unless KEEP=1)
+#        TIMEOUT    seconds a run may take (default 30 times the native run, at least 120)
+# Exit status: 1 if a workload failed its own check or farmem failed (at once), 3 if a run hung
+# (it is stopped at its limit, the benchmark goes on and the report lists it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -71,14 +74,26 @@ declare -A native_s  # the native run's wall time
 
 work=${WORK:-$(mktemp -d /tmp/farmem-bench-prefetch.XXXXXX)}
 mkdir -p "$work" "$(dirname "$out")"
+hung=0
 bg= # the background process this script started and has not reaped: redis-server, or farmem running it
-cleanup() {
-  local st=$?
-  if [ -n "$bg" ] && kill -0 "$bg" 2>/dev/null; then
+# stop_bg: TERM it and its children (redis-server under farmem), KILL it after 10 s; reap it.
+stop_bg() {
+  [ -n "$bg" ] || return 0
+  if kill -0 "$bg" 2>/dev/null; then
     for c in $(pgrep -P "$bg" || true); do kill "$c" 2>/dev/null || true; done
     kill "$bg" 2>/dev/null || true
-    wait "$bg" 2>/dev/null || true
+    for _ in $(seq 100); do
+      kill -0 "$bg" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$bg" 2>/dev/null || true
   fi
+  wait "$bg" 2>/dev/null || true
+  bg=
+}
+cleanup() {
+  local st=$?
+  stop_bg
   if [ "${KEEP:-0}" = 1 ] || [ $st != 0 ]; then
     echo "prefetch.sh: logs and traces kept in $work" >&2
   elif [ -z "${WORK:-}" ]; then
@@ -149,27 +164,53 @@ check() {
   esac
 }
 
-# run_redis LOG PREFIX...: redis-server under PREFIX (none: natively), driven once by
-# redisdrive; sets secs to the driver's wall time and, natively, hwm to redis-server's VmHWM in MiB.
+# limit WL: how long one run may take before it counts as hung: 30 times the native run, at
+# least 2 minutes (TIMEOUT overrides; 10 minutes before the native run).
+limit() {
+  if [ -n "${TIMEOUT:-}" ]; then echo "$TIMEOUT"; return; fi
+  awk -v n="${native_s[$1]:-20}" 'BEGIN { t = int(30 * n + 1); print (t < 120) ? 120 : t }'
+}
+
+# run_redis WL LOG PREFIX...: redis-server under PREFIX (none: natively), driven once by
+# redisdrive; sets secs to the driver's wall time, hung (1 if the driver or the server's exit
+# took longer than limit) and, natively, hwm to redis-server's VmHWM in MiB.
 run_redis() {
-  local log=$1; shift
+  local wl=$1 log=$2; shift 2
   local port; port=$(free_port)
   "$@" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no >"$log" 2>&1 &
   bg=$!
   local up=0
   for _ in $(seq 200); do
-    if redis-cli -p "$port" ping >/dev/null 2>&1; then up=1; break; fi
+    if timeout 5 redis-cli -p "$port" ping >/dev/null 2>&1; then up=1; break; fi
     kill -0 $bg 2>/dev/null || break
     sleep 0.05
   done
   [ $up = 1 ] || fail "$log" "redis-server (under '$*') did not start"
   local t0 st=0; t0=$(now)
   # shellcheck disable=SC2046 # the argument string is words on purpose
-  $(redisdrive_args "$port") >"$log.drive" 2>&1 || st=$?
+  timeout -k 10 "$(limit "$wl")" $(redisdrive_args "$port") >"$log.drive" 2>&1 || st=$?
   secs=$(elapsed "$t0")
+  hung=0
   hwm=-
+  if [ $st = 124 ] || [ $st = 137 ]; then
+    hung=1
+    timeout 10 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    stop_bg
+    cat "$log.drive" >>"$log"
+    return
+  fi
   if [ $# = 0 ]; then hwm=$(awk '/^VmHWM:/ {print int($2 / 1024 + 0.5)}' /proc/$bg/status); fi
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  timeout 30 redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  for _ in $(seq 300); do
+    kill -0 $bg 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 $bg 2>/dev/null; then # the server (or farmem) did not exit
+    hung=1
+    stop_bg
+    cat "$log.drive" >>"$log"
+    return
+  fi
   local rst=0
   wait $bg || rst=$?
   bg=
@@ -180,17 +221,20 @@ run_redis() {
 }
 
 # run_wl WL LOG PREFIX...: one run of the workload under PREFIX (none: natively); checks its
-# verdict and sets secs to its wall time (redis: the driver's).
+# verdict and sets secs to its wall time (redis: the driver's) and hung to 1 if it took longer
+# than limit (it is stopped then, and its verdict not checked).
 run_wl() {
   local wl=$1 log=$2; shift 2
   if [ "$wl" = redis ]; then
-    run_redis "$log" "$@"
+    run_redis "$wl" "$log" "$@"
     return
   fi
   local t0 st=0; t0=$(now)
   # shellcheck disable=SC2046
-  "$@" $(wl_args "$wl") >"$log" 2>&1 || st=$?
+  timeout -k 10 "$(limit "$wl")" "$@" $(wl_args "$wl") >"$log" 2>&1 || st=$?
   secs=$(elapsed "$t0")
+  hung=0
+  if [ $st = 124 ] || [ $st = 137 ]; then hung=1; return; fi
   [ $st = 0 ] || fail "$log" "$wl under '$*' exited with status $st"
   check "$wl" "$log"
 }
@@ -222,13 +266,15 @@ for wl in $workloads; do
   log=$work/$wl-native.log
   warm "$wl"
   if [ "$wl" = redis ]; then
-    run_redis "$log"
+    run_redis "$wl" "$log"
+    [ $hung = 0 ] || fail "$log" "redis hung natively (limit $(limit "$wl") s)"
     native_s[$wl]=$secs
     footprint[$wl]=$hwm
   else
     t0=$(now)
     # shellcheck disable=SC2046
-    /usr/bin/time -f 'maxrss_kb %M' -o "$log.time" $(wl_args "$wl") >"$log" 2>&1 || fail "$log" "$wl failed natively"
+    timeout -k 10 "$(limit "$wl")" /usr/bin/time -f 'maxrss_kb %M' -o "$log.time" $(wl_args "$wl") >"$log" 2>&1 ||
+      fail "$log" "$wl failed natively (or took longer than $(limit "$wl") s)"
     native_s[$wl]=$(elapsed "$t0")
     footprint[$wl]=$(awk '/^maxrss_kb/ {print int($2 / 1024 + 0.5)}' "$log.time")
     if [ "$wl" = pagerank ]; then
@@ -246,13 +292,16 @@ for wl in $workloads; do
   trace=$work/$wl.fmtrace
   warm "$wl"
   run_wl "$wl" "$work/$wl-trace.log" $farmem run --quiet --prefetch none --record-faults "$trace" --local-mem "${cap}MiB" --
+  [ $hung = 0 ] || fail "$work/$wl-trace.log" "$wl hung while its trace was recorded (limit $(limit "$wl") s)"
   $farmem sim --trace "$trace" --prefetcher all --json >"$work/$wl-sim.json" || die "farmem sim failed on $trace"
   echo "prefetch.sh: $wl: trace at ${cap} MiB: $(jq .faults "$work/$wl-sim.json") faults replayed" >&2
 done
 
 # 3. End to end, rounds interleaved.
 raw=$work/runs.txt
+hungs=$work/hung.txt # runs stopped at their limit: left out of the medians
 : >"$raw"
+: >"$hungs"
 ncfg=$(echo $configs | wc -w); ncap=$(echo $caps | wc -w); nwl=$(echo $workloads | wc -w)
 total=$((rounds * ncfg * ncap * nwl)); i=0
 for wl in $workloads; do
@@ -265,6 +314,11 @@ for wl in $workloads; do
         warm "$wl"
         # shellcheck disable=SC2046
         run_wl "$wl" "$log" $farmem run $(prefetch_flags "$cfg") --local-mem "${cap}MiB" --
+        if [ $hung = 1 ]; then
+          echo "$wl $pct $cfg $r $log" >>"$hungs"
+          printf 'prefetch.sh: [%d/%d] %s %s%% %s round %d: HUNG, stopped after %.0f s (log: %s)\n' $i $total "$wl" "$pct" "$cfg" "$r" "$secs" "$log" >&2
+          continue
+        fi
         backend=$(sed -n 's/.*faults: zero-fill [0-9]* ([0-9]* pages), backend \([0-9]*\);.*/\1/p' "$log" | head -1)
         [ -n "$backend" ] || fail "$log" "no farmem summary (faults: ...) in the log"
         # map mode: "issued X, installed Y, used Z"; cache mode: "issued X, cached Y, used Z"
@@ -291,7 +345,7 @@ median() {
 }
 
 cmd="workloads/bench/prefetch.sh"
-for v in OUT CAPS WORKLOADS ROUNDS SCALE; do
+for v in TIMEOUT OUT CAPS WORKLOADS ROUNDS SCALE; do
   if [ -n "${!v:-}" ]; then cmd="$v=$(printf %q "${!v}") $cmd"; fi
 done
 changed=$(git status --porcelain -- . ':!results' 2>/dev/null | awk '{print $2}' | tr '\n' ' ')
@@ -364,10 +418,19 @@ changed=$(git status --porcelain -- . ':!results' 2>/dev/null | awk '{print $2}'
       base=$(median "$wl" "$pct" none 5)
       for cfg in $configs; do
         s=$(median "$wl" "$pct" "$cfg" 5)
+        label=$(config_label "$cfg")
+        nh=$(awk -v w="$wl" -v p="$pct" -v c="$cfg" '$1 == w && $2 == p && $3 == c' "$hungs" | wc -l)
+        if [ "$nh" -gt 0 ]; then label="$label (**$nh of $rounds hung**)"; fi
+        if [ "$s" = - ]; then
+          printf '| %s %% (%s MiB) | %s | - | - | - | - | - |%s\n' "$pct" "$(cap_mib "$wl" "$pct")" "$label" "$([ "$wl" = redis ] && echo " - |")"
+          continue
+        fi
+        ratio=-
+        if [ "$base" != - ]; then ratio=$(printf %.2f "$(echo "$s / $base" | bc -l)"); fi
         extra=""
         if [ "$wl" = redis ]; then extra=" $(median "$wl" "$pct" "$cfg" 10 | awk '{printf "%.0f", $1}') |"; fi
-        printf '| %s %% (%s MiB) | %s | %.2f | %.2f | %.0f | %.0f | %.0f |%s\n' "$pct" "$(cap_mib "$wl" "$pct")" "$(config_label "$cfg")" "$s" \
-          "$(echo "$s / $base" | bc -l)" "$(median "$wl" "$pct" "$cfg" 6)" "$(median "$wl" "$pct" "$cfg" 8)" "$(median "$wl" "$pct" "$cfg" 9)" "$extra"
+        printf '| %s %% (%s MiB) | %s | %.2f | %s | %.0f | %.0f | %.0f |%s\n' "$pct" "$(cap_mib "$wl" "$pct")" "$label" "$s" \
+          "$ratio" "$(median "$wl" "$pct" "$cfg" 6)" "$(median "$wl" "$pct" "$cfg" 8)" "$(median "$wl" "$pct" "$cfg" 9)" "$extra"
       done
     done
   done
@@ -375,5 +438,18 @@ changed=$(git status --porcelain -- . ':!results' 2>/dev/null | awk '{print $2}'
   echo "Every run (workload cap% config round wall_s backend_faults issued installed used redis_ops_per_s):"
   echo
   sed 's/^/    /' "$raw"
+  if [ -s "$hungs" ]; then
+    echo
+    echo "## Runs that hung"
+    echo
+    echo "Stopped at their limit (${TIMEOUT:+TIMEOUT=$TIMEOUT s}${TIMEOUT:-30x the native time, at least 2 minutes}; the program stuck in a fault farmem did not serve) and left out of the medians:"
+    echo
+    sed 's/^/    /' "$hungs"
+  fi
 } >"$out"
 echo "prefetch.sh: wrote $out in $(printf %.0f "$total_s") s" >&2
+if [ -s "$hungs" ]; then
+  echo "prefetch.sh: FAILED: $(wc -l <"$hungs") run(s) hung (see the end of $out):" >&2
+  cat "$hungs" >&2
+  exit 3
+fi
