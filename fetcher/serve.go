@@ -117,7 +117,11 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		switch {
 		case flags&uffd.PagefaultWP != 0:
 			o, src = p.wpFault(pg), FromWP
-		case p.rt.overCap() && int32(tid) != p.agentTid.Load():
+		case p.rt.overCap() && int32(tid) != p.agentTid.Load() && p.CanEvict():
+			// A process with no agent yet (a fork child before its hello) goes on: the evictor
+			// cannot take its pages, and holding its faults would hold the thread that is
+			// starting its agent (a redis BGSAVE child's inherited pages, counted again for
+			// it, once kept every fault of the run waiting for room that never came).
 			p.rt.kickEvictor()
 			o = retry
 		default:
