@@ -13,7 +13,7 @@
 #
 # Usage: workloads/bench/prefetch.sh   (make bench-prefetch; make bench-smoke runs a short one)
 # Env:   SCALE      multiplies the workload sizes (default 1: micro 128 MiB, redis 100k keys of
-#                   1000 B and 100k ops, pagerank 64 MiB); caps below farmem's 16 MiB are raised to it
+#                   1000 B and 100k ops, pagerank 96 MiB); caps below farmem's 16 MiB are raised to it
 #        ROUNDS     end-to-end rounds, the median is reported (default 3)
 #        WORKLOADS  a subset of: seq stride strides random redis pagerank (default all)
 #        CAPS       cap percentages for the end-to-end runs (default "50 25")
@@ -49,13 +49,13 @@ for w in $workloads; do
 done
 
 # The workload sizes: SCALE times the defaults, chosen so that the whole benchmark takes about
-# 15 minutes on 2 cores (216 end-to-end runs).
+# 16 minutes on 2 idle cores (216 end-to-end runs; SCALE=2 took 10 minutes a round).
 scaled() { awk -v v="$1" -v s="$scale" -v lo="$2" 'BEGIN { x = int(v * s + 0.5); print (x < lo) ? lo : x }'; }
 micro_mib=$(scaled 128 8)
 micro_passes=2
 redis_keys=$(scaled 100000 1000)
 redis_ops=$(scaled 100000 1000)
-pagerank_mib=$(scaled 64 8)
+pagerank_mib=$(scaled 96 8)
 
 # Prefetch configurations: NAME or NAME:MODE. Leap in both modes when farmem run has them.
 configs="none leap readahead stride nextn"
