@@ -173,6 +173,14 @@ func (d *driver) get(k uint64) {
 	d.ops = append(d.ops, op{get: true, key: k, want: d.versions[k]})
 }
 
+// flushAt flushes once batch commands are queued.
+func (d *driver) flushAt(batch int) error {
+	if len(d.ops) < batch {
+		return nil
+	}
+	return d.flush()
+}
+
 // flush sends the batch and checks every reply.
 func (d *driver) flush() error {
 	if err := d.c.w.Flush(); err != nil {
@@ -259,10 +267,8 @@ func run(addr string, keys uint64, size int, ops uint64, getRatio, theta float64
 	t0 := time.Now()
 	for k := uint64(0); k < keys; k++ {
 		d.set(k)
-		if len(d.ops) == batch {
-			if err := d.flush(); err != nil {
-				return err
-			}
+		if err := d.flushAt(batch); err != nil {
+			return err
 		}
 	}
 	if err := d.flush(); err != nil {
@@ -285,10 +291,8 @@ func run(addr string, keys uint64, size int, ops uint64, getRatio, theta float64
 			d.set(k)
 			sets++
 		}
-		if len(d.ops) == batch {
-			if err := d.flush(); err != nil {
-				return err
-			}
+		if err := d.flushAt(batch); err != nil {
+			return err
 		}
 	}
 	if err := d.flush(); err != nil {
@@ -302,10 +306,8 @@ func run(addr string, keys uint64, size int, ops uint64, getRatio, theta float64
 		t0 = time.Now()
 		for k := uint64(0); k < keys; k++ {
 			d.get(k)
-			if len(d.ops) == batch {
-				if err := d.flush(); err != nil {
-					return err
-				}
+			if err := d.flushAt(batch); err != nil {
+				return err
 			}
 		}
 		if err := d.flush(); err != nil {
