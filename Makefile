@@ -51,7 +51,7 @@ bench-smoke: build bin/bench-fabric
 	SCALE=0.25 ROUNDS=1 CAPS=25 OUT=/tmp/farmem-bench-prefetch-smoke.md workloads/bench/prefetch.sh
 
 # The prefetchers (issue 4): fault traces replayed by farmem sim and end-to-end runs of micro,
-# redis and pagerank at 50 % and 25 % caps with each prefetcher (about 16 minutes, as root):
+# redis and pagerank at 50 % and 25 % caps with each prefetcher (under 20 minutes, as root):
 # results/prefetch.md. SCALE, ROUNDS, WORKLOADS, CAPS, OUT: see the script.
 .PHONY: bench-prefetch
 bench-prefetch: build
