@@ -240,13 +240,15 @@ func handleConn(c *conn, rt *fetcher.Runtime) {
 			c.c.Close()
 			return
 		}
-		p.SetAgent(&agentConn{c: c}, int(m.A))
+		a := &agentConn{c: c}
 		if m.B != 0 {
 			p.Table().Lock()
 			p.Table().Pin(m.B, m.B+m.C)
 			p.Table().Unlock()
 		}
-		return // the evictor drives this connection from now on
+		p.SetAgent(a, int(m.A)) // installs the mapping filter if the run is armed
+		a.Ready()               // a failure is the agent's death, which the evictor meets next
+		return                  // the evictor drives this connection from now on
 	case msgHello:
 	default:
 		c.c.Close()

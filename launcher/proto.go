@@ -28,8 +28,9 @@ const (
 	msgFilterOK    = 9
 	msgSyscall     = 10
 	msgSyscallDone = 11
+	msgAgentReady  = 12
 
-	protoVersion = 3
+	protoVersion = 4
 	msgSize      = 40
 	maxRuns      = 128
 )
@@ -201,6 +202,14 @@ func (a *agentConn) Syscall(nr uint64, args [6]uint64) (int64, error) {
 		return 0, fmt.Errorf("agent answered message type %d to a syscall", m.Type)
 	}
 	return int64(m.A), nil
+}
+
+// Ready tells the agent it is attached: the thread that started it waits for this, so an armed
+// run's mapping filter is in place before the program allocates (shim.c, start_agent).
+func (a *agentConn) Ready() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.c.send(msg{Type: msgAgentReady}, -1)
 }
 
 // Close implements fetcher.Agent.

@@ -32,6 +32,7 @@
 #include <linux/seccomp.h>
 #include <linux/userfaultfd.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -57,7 +58,9 @@ enum {
 	MSG_FILTER_OK = 9,    /* agent->rt: a=status (0 ok, else errno); the listener fd attached */
 	MSG_SYSCALL = 10,     /* rt->agent: a=nr; six u64 arguments follow the header */
 	MSG_SYSCALL_DONE = 11, /* agent->rt: a=the raw result (-errno on failure) */
-	PROTO_VERSION = 3,
+	MSG_AGENT_READY = 12, /* rt->agent: the agent is attached (and, in an armed run, the mapping
+			       * filter installed): the thread that started it may go on */
+	PROTO_VERSION = 4,
 	MAX_RUNS = 128,
 };
 struct fm_msg {
@@ -208,6 +211,7 @@ static long install_filter(uint64_t min_bytes)
 
 /* ---- agent thread: executes eviction requests, installs the filter, performs notified calls */
 static int agent_sock = -1;
+static sem_t agent_ready; /* posted on MSG_AGENT_READY; start_agent waits for it */
 static void *agent_main(void *arg)
 {
 	(void)arg;
@@ -238,6 +242,10 @@ static void *agent_main(void *arg)
 			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 			continue;
 		}
+		if (m->type == MSG_AGENT_READY) {
+			sem_post(&agent_ready);
+			continue;
+		}
 		if (m->type == MSG_FILTER) {
 			long fd = install_filter(m->a);
 			struct fm_msg done = { .type = MSG_FILTER_OK, .version = PROTO_VERSION, .a = fd < 0 ? -fd : 0 };
@@ -258,8 +266,13 @@ static void *agent_main(void *arg)
 	return NULL;
 }
 
+/* start_agent starts the agent thread and waits until the runtime has attached it. Until then an
+ * armed run has no mapping filter on this process, and what the program mallocs meanwhile
+ * (glibc's internal mmaps: the torture's first arrays, 2.4 MB) would be written unseen until the
+ * rescan finds it, past the cap; the wait is one round trip, once per process. */
 static void start_agent(void)
 {
+	sem_init(&agent_ready, 0, 0);
 	agent_sock = connect_rt();
 	if (agent_sock < 0) die_runtime_lost();
 	pthread_t t;
@@ -269,6 +282,8 @@ static void start_agent(void)
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
 	if (pthread_create(&t, &at, agent_main, NULL)) die_runtime_lost();
 	pthread_attr_destroy(&at);
+	while (sem_wait(&agent_ready) != 0 && errno == EINTR)
+		;
 }
 
 /* hello performs the handshake on a fresh control connection, sending our uffd. fork_child: if
