@@ -17,6 +17,8 @@
 #        ROUNDS     end-to-end rounds, the median is reported (default 3)
 #        WORKLOADS  a subset of: seq stride strides random redis pagerank (default all)
 #        CAPS       cap percentages for the end-to-end runs (default "50 25")
+#        CONFIGS    the prefetch configurations, NAME[:MODE][/MAX] each (default: none, leap in
+#                   map and cache mode, readahead, stride, nextn, at farmem run's --prefetch-max)
 #        OUT        the report (default results/prefetch.md); logs and traces go to WORK
 #        WORK       scratch directory (default: a fresh mktemp -d, removed at exit unless KEEP=1)
 #        TIMEOUT    seconds a run may take (default 30 times the native run, at least 120)
@@ -68,6 +70,7 @@ case "$help" in
     mode_help=${mode_help%% --*}
     case "$mode_help" in *map*cache* | *cache*map*) has_modes=1; configs="none leap:map leap:cache readahead stride nextn" ;; esac ;;
 esac
+configs=${CONFIGS:-$configs}
 
 declare -A ref_sum   # pagerank: the native run's checksum
 declare -A footprint # MiB
@@ -244,16 +247,21 @@ run_wl() {
 cap_mib() { awk -v f="${footprint[$1]}" -v p="$2" 'BEGIN { c = int(f * p / 100 + 0.5); print (c < 16) ? 16 : c }'; }
 
 # prefetch_flags CONFIG: farmem run's flags for NAME or NAME:MODE.
+# A configuration is NAME[:MODE][/MAX]: leap, leap:cache, leap:map/32.
 prefetch_flags() {
-  case $1 in
-    *:*) echo "--prefetch ${1%%:*} --prefetch-mode ${1#*:}" ;;
-    *) echo "--prefetch $1" ;;
+  local c=${1%%/*} f=
+  case $1 in */*) f=" --prefetch-max ${1#*/}" ;; esac
+  case $c in
+    *:*) echo "--prefetch ${c%%:*} --prefetch-mode ${c#*:}$f" ;;
+    *) echo "--prefetch $c$f" ;;
   esac
 }
 config_label() {
-  case $1 in
-    *:*) echo "${1%%:*} (${1#*:})" ;;
-    *) echo "$1" ;;
+  local c=${1%%/*} m=
+  case $1 in */*) m="max ${1#*/}" ;; esac
+  case $c in
+    *:*) echo "${c%%:*} (${c#*:}${m:+, $m})" ;;
+    *) echo "$c${m:+ ($m)}" ;;
   esac
 }
 
@@ -311,7 +319,7 @@ for wl in $workloads; do
       cap=$(cap_mib "$wl" "$pct")
       for cfg in $configs; do
         i=$((i + 1))
-        log=$work/$wl-$pct-${cfg/:/-}-$r.log
+        log=$work/$wl-$pct-${cfg//[:\/]/-}-$r.log
         warm "$wl"
         # shellcheck disable=SC2046
         run_wl "$wl" "$log" $farmem run $(prefetch_flags "$cfg") --local-mem "${cap}MiB" --
