@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# linux-swap.sh: the Linux-swap baseline of farmem's benchmarks (issue 6). It runs a program the
+# way a user without farmem would cap it: in a memory cgroup (v1, memory.limit_in_bytes) with
+# swap on, to zram (compressed RAM, built into this kernel) or to a swap file on the root disk.
+# As root. Every subcommand is a small step a harness can call; `run` does them all for one
+# command and tears down on any exit, failure or signal.
+#
+#   linux-swap.sh on zram|file MIB   swap on: /dev/zram0 (disksize MIB, lz4) or the swap file
+#                                    $SWAPFILE (MIB, fallocate then mkswap), and nothing else:
+#                                    refuses if any other swap is active (it would mix devices)
+#   linux-swap.sh cgroup NAME LIMIT  (re)create the memory cgroup farmem-swap-NAME with
+#                                    memory.limit_in_bytes LIMIT bytes (0: no limit)
+#   linux-swap.sh exec NAME CMD...   move this shell into the cgroup, then exec CMD (so CMD and
+#                                    every child it forks are charged there from the start)
+#   linux-swap.sh stats NAME         the cgroup's counters, key=value on one line
+#   linux-swap.sh rmcgroup NAME      remove the cgroup (its processes must have exited)
+#   linux-swap.sh off                undo everything this script may have set up: swapoff the
+#                                    zram device and the swap file, reset zram, remove the file
+#                                    and every farmem-swap-* cgroup; safe to call any time
+#   linux-swap.sh run zram|file MIB LIMIT -- CMD...
+#                                    on + cgroup + run CMD there + stats (to stderr) + off, with
+#                                    a trap so a failure or ^C still tears down; exits as CMD did
+#
+# What the limit charges: in cgroup v1 memory.limit_in_bytes counts the cgroup's anonymous
+# pages, the page cache it brought in (its binaries and libraries, files it read) and kernel
+# memory (page tables, socket buffers). farmem's --local-mem caps anonymous memory only, so a
+# harness comparing the two at "the same cap" should give the cgroup cap + what the program's
+# native run charged beyond its anonymous peak (bin/farmem-bench does: see its report).
+#
+# Env: SWAPFILE (default /var/tmp/farmem-swapfile), ZRAM (default zram0), ZRAM_ALG (lz4).
+set -euo pipefail
+
+CG=/sys/fs/cgroup/memory
+SWAPFILE=${SWAPFILE:-/var/tmp/farmem-swapfile}
+ZRAM=${ZRAM:-zram0}
+ZRAM_ALG=${ZRAM_ALG:-lz4}
+
+die() { echo "linux-swap.sh: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root (swapon, zram, cgroups)"
+
+cgdir() {
+  case $1 in '' | */* | .*) die "bad cgroup name '$1'" ;; esac
+  echo "$CG/farmem-swap-$1"
+}
+
+# active: the devices/files in /proc/swaps.
+active() { awk 'NR > 1 {print $1}' /proc/swaps; }
+
+swap_on() {
+  local kind=$1 mib=$2
+  case $mib in '' | *[!0-9]*) die "bad size '$mib' (MiB)" ;; esac
+  [ "$mib" -ge 1 ] || die "size must be at least 1 MiB"
+  [ -d $CG ] || die "no cgroup v1 memory controller at $CG"
+  local a; a=$(active)
+  [ -z "$a" ] || die "swap is already active ($(echo $a)): refusing to mix devices; 'linux-swap.sh off' removes ours"
+  case $kind in
+    zram)
+      local z=/sys/block/$ZRAM
+      if [ ! -d $z ]; then
+        modprobe zram num_devices=1 2>/dev/null || true
+      fi
+      [ -d $z ] || die "no /sys/block/$ZRAM (zram not in this kernel?)"
+      echo 1 >$z/reset
+      # The compressor must be chosen before disksize; fall back to the kernel's default.
+      echo "$ZRAM_ALG" >$z/comp_algorithm 2>/dev/null || echo "linux-swap.sh: $ZRAM_ALG refused, using $(cat $z/comp_algorithm)" >&2
+      echo $((mib << 20)) >$z/disksize
+      mkswap /dev/$ZRAM >/dev/null
+      swapon /dev/$ZRAM
+      ;;
+    file)
+      rm -f "$SWAPFILE"
+      # fallocate is instant on ext4, and ext4 accepts preallocated swap files; dd if it cannot.
+      fallocate -l $((mib << 20)) "$SWAPFILE" 2>/dev/null ||
+        dd if=/dev/zero of="$SWAPFILE" bs=1M count="$mib" status=none
+      chmod 600 "$SWAPFILE"
+      mkswap "$SWAPFILE" >/dev/null
+      swapon "$SWAPFILE"
+      ;;
+    *) die "unknown swap kind '$kind' (zram or file)" ;;
+  esac
+}
+
+swap_off() {
+  local st=0
+  if grep -q "^/dev/$ZRAM " /proc/swaps; then swapoff /dev/$ZRAM || st=1; fi
+  if grep -q "^$SWAPFILE " /proc/swaps; then swapoff "$SWAPFILE" || st=1; fi
+  if [ -e /sys/block/$ZRAM/reset ] && ! grep -q "^/dev/$ZRAM " /proc/swaps; then
+    echo 1 >/sys/block/$ZRAM/reset 2>/dev/null || st=1
+  fi
+  if ! grep -q "^$SWAPFILE " /proc/swaps; then rm -f "$SWAPFILE"; fi
+  local d
+  for d in "$CG"/farmem-swap-*; do
+    [ -d "$d" ] || continue
+    # A cgroup with a live process cannot go; its processes are ours, so kill them first.
+    local p
+    for p in $(cat "$d/cgroup.procs" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    for _ in $(seq 50); do rmdir "$d" 2>/dev/null && break; sleep 0.1; done
+    [ ! -d "$d" ] || { echo "linux-swap.sh: could not remove $d" >&2; st=1; }
+  done
+  return $st
+}
+
+cgroup_make() {
+  local d; d=$(cgdir "$1")
+  local limit=$2
+  case $limit in '' | *[!0-9]*) die "bad limit '$limit' (bytes)" ;; esac
+  [ ! -d "$d" ] || rmdir "$d" || die "$d exists and cannot be removed (a process still in it?)"
+  mkdir "$d"
+  # v1 charges nested cgroups to their parent; our parent is the root, with no limit.
+  if [ "$limit" -gt 0 ]; then
+    echo "$limit" >"$d/memory.limit_in_bytes"
+    local got; got=$(cat "$d/memory.limit_in_bytes")
+    # The kernel rounds the limit down to a page.
+    [ "$got" -le "$limit" ] && [ "$got" -gt $((limit - 4096)) ] || die "memory.limit_in_bytes is $got, wanted $limit"
+  fi
+  # The default (60) as a stated constant, so a machine whose root cgroup was tuned differently
+  # still swaps the same way; no OOM kill while swap has room.
+  echo 60 >"$d/memory.swappiness"
+}
+
+stats() {
+  local d; d=$(cgdir "$1")
+  [ -d "$d" ] || die "no cgroup $d"
+  local out="max_usage_bytes=$(cat "$d/memory.max_usage_in_bytes") failcnt=$(cat "$d/memory.failcnt")"
+  out="$out $(awk '$1 ~ /^total_(rss|cache|swap|pgmajfault|pgfault|pgpgin|pgpgout)$/ {sub(/^total_/, "", $1); printf "%s=%s ", $1, $2}' "$d/memory.stat")"
+  out="$out oom_kills=$(awk '$1 == "oom_kill" {print $2}' "$d/memory.oom_control")"
+  echo "$out"
+}
+
+vmstat_swaps() { awk '$1 == "pswpin" || $1 == "pswpout" {printf "%s=%s ", $1, $2}' /proc/vmstat; }
+
+cmd=${1:-}
+shift || true
+case $cmd in
+  on) [ $# = 2 ] || die "usage: linux-swap.sh on zram|file MIB"; swap_on "$1" "$2" ;;
+  off) swap_off ;;
+  cgroup) [ $# = 2 ] || die "usage: linux-swap.sh cgroup NAME LIMIT_BYTES"; cgroup_make "$1" "$2" ;;
+  exec)
+    [ $# -ge 2 ] || die "usage: linux-swap.sh exec NAME CMD..."
+    d=$(cgdir "$1"); shift
+    [ -d "$d" ] || die "no cgroup $d"
+    echo $$ >"$d/cgroup.procs"
+    exec "$@" ;;
+  stats) [ $# = 1 ] || die "usage: linux-swap.sh stats NAME"; stats "$1" ;;
+  rmcgroup) [ $# = 1 ] || die "usage: linux-swap.sh rmcgroup NAME"; d=$(cgdir "$1"); [ ! -d "$d" ] || rmdir "$d" ;;
+  run)
+    [ $# -ge 5 ] && [ "$4" = -- ] || die "usage: linux-swap.sh run zram|file MIB LIMIT_BYTES -- CMD..."
+    kind=$1 mib=$2 limit=$3; shift 4
+    name=run$$
+    trap 'swap_off || echo "linux-swap.sh: teardown incomplete: see /proc/swaps and $CG" >&2' EXIT
+    trap 'exit 130' INT TERM HUP
+    swap_on "$kind" "$mib"
+    cgroup_make "$name" "$limit"
+    before=$(vmstat_swaps)
+    st=0
+    "$0" exec "$name" "$@" || st=$?
+    echo "linux-swap.sh: $kind limit=$limit status=$st $(stats "$name") before: $before after: $(vmstat_swaps)" >&2
+    exit $st ;;
+  *) die "usage: linux-swap.sh on|off|cgroup|exec|stats|rmcgroup|run ... (see the head of the script)" ;;
+esac
