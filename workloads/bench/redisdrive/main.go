@@ -11,7 +11,10 @@
 // (commands on one connection run in order, so a GET behind a SET in the same batch must see
 // it). Output: one line per phase, "redisdrive: PHASE ... secs=S ops_per_sec=R", then
 // "redisdrive: OK ..." (exit 0), or "redisdrive: BAD ..." on the first wrong value and any error
-// (exit 1); bad flags exit 2.
+// (exit 1); bad flags exit 2. After the run line comes "redisdrive: run_latency batch=B
+// p50_us=X p99_us=Y max_us=Z": each request's latency in the run phase, from the flush that sent
+// its batch to the arrival of its reply (with pipelining a request waits for the ones ahead of
+// it in its batch, as a client sharing a connection would).
 //
 // The key distribution is YCSB's zipfian generator (Gray et al., "Quickly generating
 // billion-record synthetic databases", as in YCSB's ZipfianGenerator), with its default
@@ -32,6 +35,7 @@ import (
 	"math/rand"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -155,6 +159,7 @@ type driver struct {
 	val      []byte
 	exp      []byte
 	keyBuf   []byte
+	lat      []time.Duration // when not nil, each reply's latency is appended (the run phase)
 }
 
 func (d *driver) key(k uint64) []byte {
@@ -183,6 +188,7 @@ func (d *driver) flushAt(batch int) error {
 
 // flush sends the batch and checks every reply.
 func (d *driver) flush() error {
+	sent := time.Now()
 	if err := d.c.w.Flush(); err != nil {
 		return fmt.Errorf("sending: %w", err)
 	}
@@ -190,6 +196,9 @@ func (d *driver) flush() error {
 		t, body, err := d.c.reply()
 		if err != nil {
 			return err
+		}
+		if d.lat != nil {
+			d.lat = append(d.lat, time.Since(sent))
 		}
 		switch {
 		case t == '-':
@@ -281,6 +290,7 @@ func run(addr string, keys uint64, size int, ops uint64, getRatio, theta float64
 	z := newZipfian(keys, theta)
 	perm := r.Perm(int(keys)) // popularity rank -> key
 	var gets, sets uint64
+	d.lat = make([]time.Duration, 0, ops)
 	t0 = time.Now()
 	for i := uint64(0); i < ops; i++ {
 		k := uint64(perm[z.next(r)])
@@ -301,6 +311,12 @@ func run(addr string, keys uint64, size int, ops uint64, getRatio, theta float64
 	secs = time.Since(t0).Seconds()
 	runRate := float64(ops) / secs
 	fmt.Printf("redisdrive: run ops=%d gets=%d sets=%d zipf=%.2f secs=%.3f ops_per_sec=%.0f\n", ops, gets, sets, theta, secs, runRate)
+	if len(d.lat) > 0 {
+		slices.Sort(d.lat)
+		q := func(f float64) float64 { return float64(d.lat[int(f*float64(len(d.lat)-1))].Nanoseconds()) / 1e3 }
+		fmt.Printf("redisdrive: run_latency batch=%d p50_us=%.1f p99_us=%.1f max_us=%.1f\n", batch, q(0.5), q(0.99), q(1))
+	}
+	d.lat = nil
 
 	if verifyAll {
 		t0 = time.Now()
