@@ -42,13 +42,38 @@ fuzz:
 	$(GO) test -run XXX -fuzz FuzzParseHeader -fuzztime $(FUZZTIME) ./fabric/
 
 # Benchmarks write to results/; not part of the tests. bench-smoke is the short CI-sized run.
-bench: build bench-fabric
+bench: build bench-fabric bench-swap
 	workloads/bench/redis.sh 300000 100000
 
 bench-smoke: build bin/bench-fabric
 	ROUNDS=1 OUT=/tmp/farmem-bench-smoke.md workloads/bench/redis.sh 60000 5000
 	bin/bench-fabric -n 2000 -batches 20 -faults 1000 -rounds 1 -out /tmp/farmem-bench-fabric-smoke.md
 	SCALE=0.25 ROUNDS=1 CAPS=25 OUT=/tmp/farmem-bench-prefetch-smoke.md workloads/bench/prefetch.sh
+	$(MAKE) bench-swap-smoke
+
+# farmem against Linux swap (issue 6): each workload natively, under farmem at 100/75/50/25 % of
+# its native peak (default prefetcher and leap) and in a memory cgroup with that limit swapping to
+# zram and to a swap file, ROUNDS (3) rounds interleaved, every run verified (about 25 minutes,
+# as root): results/swap.md, swap.csv, swap-*.png. farmem-bench -h for its flags (FLAGS=...).
+# The harness is a Go module of its own (workloads/bench/harness), so that the plotting
+# library's dependencies stay out of farmem's go.mod.
+.PHONY: bench-swap bench-swap-smoke bin/farmem-bench
+bench-swap: build bin/farmem-bench
+	bin/farmem-bench $(FLAGS)
+	@$(MAKE) --no-print-directory swap-check
+# The CI-sized swap run: one round, 32 MiB micro random and a small redis, one cap, zram only
+# (under a minute). It fails if the swap setup fails, and checks nothing was left on.
+bench-swap-smoke: build bin/farmem-bench
+	ROUNDS=1 bin/farmem-bench -workloads micro-random,redis-etc -caps 50 -configs farmem,swap-zram -nopaging 0 -scale 0.5 -out /tmp/farmem-bench-swap-smoke
+	@$(MAKE) --no-print-directory swap-check
+bin/farmem-bench:
+	@mkdir -p bin
+	cd workloads/bench/harness && $(GO) vet . && $(GO) build -o ../../../bin/farmem-bench .
+# No swap, zram device or benchmark cgroup may outlive a benchmark.
+.PHONY: swap-check
+swap-check:
+	@if [ "$$(wc -l </proc/swaps)" -gt 1 ] || ls -d /sys/fs/cgroup/memory/farmem-swap-* >/dev/null 2>&1; then \
+		echo "swap or a farmem-swap cgroup was left behind:"; cat /proc/swaps; ls -d /sys/fs/cgroup/memory/farmem-swap-*; exit 1; fi
 
 # The prefetchers (issue 4): fault traces replayed by farmem sim and end-to-end runs of micro,
 # redis and pagerank at 50 % and 25 % caps with each prefetcher (under 20 minutes, as root):

@@ -1,0 +1,668 @@
+// Command farmem-bench is issue 6's harness: each workload natively, under farmem at caps of
+// 100/75/50/25 % of its measured native peak (the embedded backend, with the default prefetcher
+// and with leap), and under Linux swap at the same caps (a cgroup v1 memory limit, swapping to
+// zram and to a swap file on disk, set up and torn down by workloads/swap/linux-swap.sh), in
+// rounds interleaved so that machine drift hits every configuration alike. Every run's data is
+// verified (micro checks every page, redisdrive every value, pagerank's checksum must equal the
+// native run's). It writes a markdown report, a CSV of every run and PNG plots.
+//
+// It lives in its own Go module (workloads/bench/harness/go.mod) so that the plotting
+// library's dependencies stay out of farmem's.
+//
+// Usage (as root, from the repository root; make bench-swap):
+//
+//	bin/farmem-bench [-rounds N] [-workloads LIST] [-caps LIST] [-configs LIST] [-scale F] [-out DIR]
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// A workload is a batch program (args) or redis-server driven by redisdrive (server).
+type workload struct {
+	name, title string
+	args        []string // batch: the command line
+	server      bool     // redis-server + bin/redisdrive
+	getRatio    float64
+	keys, ops   int
+	metric      string // what its throughput counts
+}
+
+// A config is one way of running a workload at one cap.
+type config struct {
+	kind     string // native, farmem, swap
+	prefetch string // farmem: the --prefetch value ("" = farmem's default)
+	swap     string // swap: zram or file
+	pct      int    // cap as % of the native peak (0 for native)
+}
+
+func (c config) name() string {
+	switch c.kind {
+	case "native":
+		return "native"
+	case "farmem":
+		if c.prefetch == "" {
+			return "farmem"
+		}
+		return "farmem-" + c.prefetch
+	}
+	return "swap-" + c.swap
+}
+
+// result is one run.
+type result struct {
+	wl       string
+	cfg      config
+	round    int
+	capMiB   int
+	limitB   int64 // swap: memory.limit_in_bytes
+	wall     float64
+	tput     float64 // the workload's metric per second
+	p50, p99 float64 // redis: request latency, µs
+	faults   uint64  // farmem: backend faults; swap: major faults
+	inB      uint64  // bytes brought back (farmem backend reads; swap pswpin)
+	outB     uint64  // bytes written out (farmem evictions written; swap pswpout)
+	timeout  bool
+}
+
+// ref is what the workload's native reference run measured.
+type ref struct {
+	peakMiB   int   // VmHWM
+	cgMax     int64 // the cgroup's memory.max_usage_in_bytes
+	overhead  int64 // what the cgroup charged beyond the peak RSS (page cache, kernel memory)
+	checksum  string
+	nativeSec float64
+}
+
+var (
+	swapScript = "workloads/swap/linux-swap.sh"
+	farmemBin  = "bin/farmem"
+)
+
+type harness struct {
+	ctx      context.Context
+	work     string
+	timeout  float64 // seconds; 0: 20x the native run, at least 60 s
+	refs     map[string]*ref
+	swapUsed bool
+	log      *os.File
+}
+
+func main() {
+	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
+	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads: redis-etc, redis-sys, micro-random, micro-seq, pagerank")
+	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
+	cfgs := flag.String("configs", "farmem,farmem-leap,swap-zram,swap-file", "configurations run at every cap (native always runs): farmem, farmem-leap, swap-zram, swap-file")
+	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
+	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
+	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
+	plots := flag.Bool("plots", true, "write PNG plots")
+	nopaging := flag.Int("nopaging", 150, "also run farmem at this % of the peak, where it should not page (0: not)")
+	flag.Parse()
+	if flag.NArg() > 0 || *rounds < 1 || *scale <= 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	h := &harness{ctx: ctx, timeout: *timeout, refs: map[string]*ref{}}
+	err := h.main(*rounds, split(*wls), split(*caps), split(*cfgs), *nopaging, *scale, *out, *plots)
+	// Swap and cgroups change the machine: always undo them, whatever happened.
+	if h.swapUsed {
+		if terr := swapOff(); terr != nil {
+			fmt.Fprintf(os.Stderr, "farmem-bench: TEARDOWN FAILED: %v (check /proc/swaps and /sys/fs/cgroup/memory)\n", terr)
+			if err == nil {
+				err = terr
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "farmem-bench: FAILED: %v\n", err)
+		if h.work != "" {
+			fmt.Fprintf(os.Stderr, "farmem-bench: logs kept in %s\n", h.work)
+		}
+		if ctx.Err() != nil {
+			os.Exit(130)
+		}
+		os.Exit(1)
+	}
+	os.RemoveAll(h.work)
+}
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return v
+	}
+	return def
+}
+
+func split(s string) []string {
+	var r []string
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' }) {
+		r = append(r, f)
+	}
+	return r
+}
+
+func scaled(v int, s float64, lo int) int { return max(lo, int(float64(v)*s+0.5)) }
+
+func workloads(names []string, s float64) ([]workload, error) {
+	micro := scaled(64, s, 8)
+	keys := scaled(60000, s, 2000)
+	pr := scaled(64, s, 8)
+	var r []workload
+	for _, n := range names {
+		switch n {
+		case "redis-etc", "redis-sys":
+			w := workload{name: n, server: true, keys: keys, ops: keys, getRatio: 0.95, metric: "ops/s (zipfian phase)"}
+			w.title = "redis ETC (95 % GET)"
+			if n == "redis-sys" {
+				w.getRatio, w.title = 0.75, "redis SYS (75 % GET)"
+			}
+			r = append(r, w)
+		case "micro-random", "micro-seq":
+			p := strings.TrimPrefix(n, "micro-")
+			r = append(r, workload{name: n, title: "micro " + p, metric: "pages/s (2 passes)",
+				args: []string{"bin/micro", "--mib", strconv.Itoa(micro), "--passes", "2", "--pattern", p}})
+		case "pagerank":
+			r = append(r, workload{name: n, title: "pagerank", metric: "edges/s (10 iterations)",
+				args: []string{"bin/pagerank", "--mib", strconv.Itoa(pr)}})
+		default:
+			return nil, fmt.Errorf("unknown workload %q", n)
+		}
+	}
+	return r, nil
+}
+
+func configs(names, caps []string) ([]config, []int, error) {
+	var pcts []int
+	for _, c := range caps {
+		p, err := strconv.Atoi(c)
+		if err != nil || p < 1 || p > 1000 {
+			return nil, nil, fmt.Errorf("bad cap %q (a percentage)", c)
+		}
+		pcts = append(pcts, p)
+	}
+	var r []config
+	for _, p := range pcts {
+		for _, n := range names {
+			switch n {
+			case "farmem":
+				r = append(r, config{kind: "farmem", pct: p})
+			case "farmem-leap", "farmem-readahead", "farmem-stride", "farmem-nextn", "farmem-none":
+				r = append(r, config{kind: "farmem", prefetch: strings.TrimPrefix(n, "farmem-"), pct: p})
+			case "swap-zram", "swap-file":
+				r = append(r, config{kind: "swap", swap: strings.TrimPrefix(n, "swap-"), pct: p})
+			default:
+				return nil, nil, fmt.Errorf("unknown configuration %q", n)
+			}
+		}
+	}
+	return r, pcts, nil
+}
+
+func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopaging int, scale float64, out string, plots bool) error {
+	if os.Geteuid() != 0 {
+		return errors.New("must run as root (userfaultfd, swapon, cgroups)")
+	}
+	for _, b := range []string{farmemBin, "bin/micro", "bin/pagerank", "bin/redisdrive", swapScript} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s is missing: run make build from the repository root", b)
+		}
+	}
+	wls, err := workloads(wlNames, scale)
+	if err != nil {
+		return err
+	}
+	cfgs, pcts, err := configs(cfgNames, capNames)
+	if err != nil {
+		return err
+	}
+	if nopaging > 0 {
+		// The "no paging" target: a cap above the peak, where farmem should cost nothing.
+		cfgs = append(cfgs, config{kind: "farmem", pct: nopaging})
+	}
+	for _, w := range wls {
+		if w.server {
+			if _, err := exec.LookPath("redis-server"); err != nil {
+				return errors.New("redis-server is missing: apt-get install redis-server")
+			}
+		}
+	}
+	if h.work, err = os.MkdirTemp("", "farmem-bench-swap."); err != nil {
+		return err
+	}
+	if h.log, err = os.Create(filepath.Join(h.work, "progress.log")); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	for _, c := range cfgs {
+		if c.kind == "swap" {
+			h.swapUsed = true
+		}
+	}
+	if h.swapUsed {
+		// Another swap already on would mix devices and make the numbers meaningless.
+		if b, _ := os.ReadFile("/proc/swaps"); strings.Count(string(b), "\n") > 1 {
+			return fmt.Errorf("swap is already active:\n%s(swapoff it first; linux-swap.sh off removes what this harness sets up)", b)
+		}
+	}
+	facts := machineFacts()
+	start := time.Now()
+
+	// 1. The native reference of each workload: its peak, what its cgroup was charged, its checksum.
+	for _, w := range wls {
+		if err := h.reference(w); err != nil {
+			return err
+		}
+		r := h.refs[w.name]
+		h.progress("%s: peak %d MiB, cgroup max %.1f MiB (overhead %.1f MiB), native %.2f s", w.name, r.peakMiB,
+			float64(r.cgMax)/(1<<20), float64(r.overhead)/(1<<20), r.nativeSec)
+	}
+
+	// 2. Rounds, interleaved: every workload and configuration once per round.
+	var results []result
+	total := rounds * len(wls) * (1 + len(cfgs))
+	i := 0
+	for round := 1; round <= rounds; round++ {
+		for _, w := range wls {
+			for _, c := range append([]config{{kind: "native"}}, cfgs...) {
+				i++
+				res, err := h.run(w, c, round)
+				if err != nil {
+					return fmt.Errorf("%s %s %d%% round %d: %w", w.name, c.name(), c.pct, round, err)
+				}
+				results = append(results, res)
+				st := ""
+				if res.timeout {
+					st = " TIMED OUT"
+				}
+				h.progress("[%d/%d] %s %s %d%% round %d: %.2f s, %.0f %s%s", i, total, w.name, c.name(), c.pct, round, res.wall, res.tput, w.metric, st)
+			}
+		}
+	}
+	facts.end(start)
+	return h.report(out, wls, cfgs, pcts, rounds, results, facts, plots)
+}
+
+func (h *harness) progress(f string, a ...any) {
+	msg := fmt.Sprintf("farmem-bench: "+f, a...)
+	fmt.Fprintln(os.Stderr, msg)
+	fmt.Fprintln(h.log, msg)
+}
+
+// warm touches guest memory before a run: first touch of guest memory not used recently costs
+// ~10 µs/page here, which would bill whichever run came first. dd's one block of 3x the
+// footprint (64 MiB to 1 GiB) is written into, then given back.
+func warm(peakMiB int) {
+	mib := min(max(3*peakMiB, 64), 1024)
+	exec.Command("dd", "if=/dev/zero", "of=/dev/null", fmt.Sprintf("bs=%dM", mib), "count=1").Run()
+}
+
+// limit is how long a run may take.
+func (h *harness) limit(w workload) time.Duration {
+	if h.timeout > 0 {
+		return time.Duration(h.timeout * float64(time.Second))
+	}
+	n := 30.0
+	if r := h.refs[w.name]; r != nil {
+		n = r.nativeSec
+	}
+	return time.Duration(max(60, 20*n) * float64(time.Second))
+}
+
+func (h *harness) reference(w workload) error {
+	r := &ref{}
+	h.refs[w.name] = r
+	if err := runSwap("cgroup", "ref", "0"); err != nil {
+		return err
+	}
+	h.swapUsed = true // a cgroup to remove
+	warm(341)
+	prefix := []string{swapScript, "exec", "ref"}
+	res, out, hwm, err := h.exec(w, prefix, 30*time.Minute)
+	if err != nil {
+		return fmt.Errorf("%s natively: %w", w.name, err)
+	}
+	if res.timeout {
+		return fmt.Errorf("%s natively: took more than 30 minutes", w.name)
+	}
+	if w.name == "pagerank" {
+		m := regexp.MustCompile(`(?m)^pagerank: OK checksum=([0-9a-f]+) `).FindStringSubmatch(out)
+		if m == nil {
+			return fmt.Errorf("pagerank natively: no OK checksum line")
+		}
+		r.checksum = m[1]
+	}
+	if err := h.verify(w, out); err != nil {
+		return fmt.Errorf("%s natively: %w", w.name, err)
+	}
+	st, err := cgStats("ref")
+	if err != nil {
+		return err
+	}
+	if err := runSwap("rmcgroup", "ref"); err != nil {
+		return err
+	}
+	r.peakMiB = int((hwm + 512<<10) >> 20)
+	r.cgMax = st["max_usage_bytes"]
+	r.overhead = max(0, r.cgMax-hwm)
+	r.nativeSec = res.wall
+	return nil
+}
+
+// capMiB is pct % of the native peak, at least farmem's 16 MiB minimum.
+func (h *harness) capMiB(w workload, pct int) int {
+	return max(16, (h.refs[w.name].peakMiB*pct+50)/100)
+}
+
+func (h *harness) run(w workload, c config, round int) (result, error) {
+	res := result{wl: w.name, cfg: c, round: round}
+	var prefix []string
+	switch c.kind {
+	case "farmem":
+		res.capMiB = h.capMiB(w, c.pct)
+		prefix = []string{farmemBin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB)}
+		if c.prefetch != "" {
+			prefix = append(prefix, "--prefetch", c.prefetch)
+		}
+		prefix = append(prefix, "--")
+	case "swap":
+		res.capMiB = h.capMiB(w, c.pct)
+		// The cgroup's limit charges page cache and kernel memory too, which farmem's cap does
+		// not: give it what the native run was charged beyond its peak RSS.
+		res.limitB = int64(res.capMiB)<<20 + h.refs[w.name].overhead
+		swapMiB := h.refs[w.name].peakMiB + 64
+		if err := runSwap("on", c.swap, strconv.Itoa(swapMiB)); err != nil {
+			return res, fmt.Errorf("swap setup: %w", err)
+		}
+		if err := runSwap("cgroup", "run", strconv.FormatInt(res.limitB, 10)); err != nil {
+			return res, err
+		}
+		prefix = []string{swapScript, "exec", "run"}
+	}
+	warm(h.refs[w.name].peakMiB)
+	vm0 := vmstat()
+	r, out, _, err := h.exec(w, prefix, h.limit(w))
+	vm1 := vmstat()
+	if c.kind == "swap" {
+		st, serr := cgStats("run")
+		if offErr := swapOff(); offErr != nil && err == nil {
+			err = offErr
+		}
+		if err == nil && serr != nil {
+			err = serr
+		}
+		res.faults = uint64(st["pgmajfault"])
+		res.inB = (vm1["pswpin"] - vm0["pswpin"]) * 4096
+		res.outB = (vm1["pswpout"] - vm0["pswpout"]) * 4096
+		if st["oom_kills"] > 0 && err == nil {
+			err = fmt.Errorf("the cgroup OOM-killed the program (swap full?)")
+		}
+	}
+	if err != nil {
+		return res, err
+	}
+	res.wall, res.tput, res.p50, res.p99, res.timeout = r.wall, r.tput, r.p50, r.p99, r.timeout
+	if res.timeout {
+		return res, nil
+	}
+	if err := h.verify(w, out); err != nil {
+		path := filepath.Join(h.work, fmt.Sprintf("%s-%s-%d-%d.log", w.name, c.name(), c.pct, round))
+		os.WriteFile(path, []byte(out), 0o644)
+		return res, fmt.Errorf("%w (output in %s)", err, path)
+	}
+	if c.kind == "farmem" {
+		if m := regexp.MustCompile(`faults: zero-fill \d+ \(\d+ pages\), backend (\d+);`).FindStringSubmatch(out); m != nil {
+			res.faults, _ = strconv.ParseUint(m[1], 10, 64)
+			res.inB = res.faults * 4096
+		}
+		if m := regexp.MustCompile(`evicted: written (\d+),`).FindStringSubmatch(out); m != nil {
+			n, _ := strconv.ParseUint(m[1], 10, 64)
+			res.outB = n * 4096
+		}
+	}
+	return res, nil
+}
+
+// verify checks the workload's own verdict.
+func (h *harness) verify(w workload, out string) error {
+	switch {
+	case w.server:
+		if !regexp.MustCompile(`(?m)^redisdrive: OK `).MatchString(out) {
+			return errors.New("redisdrive did not report OK")
+		}
+	case strings.HasPrefix(w.name, "micro"):
+		if !regexp.MustCompile(`(?m)^micro: OK bad=0$`).MatchString(out) {
+			return errors.New("micro did not report OK bad=0")
+		}
+	case w.name == "pagerank":
+		if !regexp.MustCompile(`(?m)^pagerank: OK checksum=` + h.refs[w.name].checksum + ` `).MatchString(out) {
+			return fmt.Errorf("pagerank: no OK line with the native checksum %s", h.refs[w.name].checksum)
+		}
+	}
+	return nil
+}
+
+// exec runs the workload once under prefix and returns its timing and output (the program's,
+// then farmem's summary) and, for a batch program run natively, its peak RSS in bytes
+// (redis-server's VmHWM for a server).
+func (h *harness) exec(w workload, prefix []string, limit time.Duration) (result, string, int64, error) {
+	if w.server {
+		return h.execServer(w, prefix, limit)
+	}
+	var res result
+	args := append(append([]string{}, prefix...), w.args...)
+	ctx, cancel := context.WithTimeout(h.ctx, limit)
+	defer cancel()
+	cmd := command(ctx, args)
+	var buf strings.Builder
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	t0 := time.Now()
+	err := cmd.Run()
+	res.wall = time.Since(t0).Seconds()
+	if h.ctx.Err() != nil {
+		return res, buf.String(), 0, h.ctx.Err()
+	}
+	if ctx.Err() != nil {
+		res.timeout = true
+		return res, buf.String(), 0, nil
+	}
+	if err != nil {
+		return res, buf.String(), 0, fmt.Errorf("%s: %v; last output:\n%s", strings.Join(args, " "), err, tail(buf.String(), 10))
+	}
+	out := buf.String()
+	var hwm int64
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		hwm = ru.Maxrss << 10
+	}
+	// micro: pages over the passes' time; pagerank: edges over the iterations' time.
+	var work, secs float64
+	re := regexp.MustCompile(`(?m)^micro: pass\d+ pages=(\d+) secs=([0-9.]+)`)
+	if w.name == "pagerank" {
+		re = regexp.MustCompile(`(?m)^pagerank: iter\d+ secs=([0-9.]+) edges_per_sec=(\d+)`)
+	}
+	for _, m := range re.FindAllStringSubmatch(out, -1) {
+		a, _ := strconv.ParseFloat(m[1], 64)
+		b, _ := strconv.ParseFloat(m[2], 64)
+		if w.name == "pagerank" {
+			work, secs = work+a*b, secs+a
+		} else {
+			work, secs = work+a, secs+b
+		}
+	}
+	if secs > 0 {
+		res.tput = work / secs
+	}
+	return res, out, hwm, nil
+}
+
+func command(ctx context.Context, args []string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	// Its own process group, so that a stop reaches farmem's child (or redis-server) too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	return cmd
+}
+
+func tail(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (h *harness) execServer(w workload, prefix []string, limit time.Duration) (result, string, int64, error) {
+	var res result
+	port, err := freePort()
+	if err != nil {
+		return res, "", 0, err
+	}
+	args := append(append([]string{}, prefix...), "redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no")
+	ctx, cancel := context.WithTimeout(h.ctx, limit+30*time.Second)
+	defer cancel()
+	srv := command(ctx, args)
+	var sbuf strings.Builder
+	srv.Stdout, srv.Stderr = &sbuf, &sbuf
+	if err := srv.Start(); err != nil {
+		return res, "", 0, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	stopServer := func() {
+		syscall.Kill(-srv.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+	dctx, dcancel := context.WithTimeout(h.ctx, limit)
+	defer dcancel()
+	drv := command(dctx, []string{"bin/redisdrive", "--addr", fmt.Sprintf("127.0.0.1:%d", port), "--keys", strconv.Itoa(w.keys),
+		"--ops", strconv.Itoa(w.ops), "--get-ratio", strconv.FormatFloat(w.getRatio, 'f', -1, 64), "--wait", "30s"})
+	var dbuf strings.Builder
+	drv.Stdout, drv.Stderr = &dbuf, &dbuf
+	t0 := time.Now()
+	derr := drv.Run()
+	res.wall = time.Since(t0).Seconds()
+	if h.ctx.Err() != nil {
+		stopServer()
+		return res, "", 0, h.ctx.Err()
+	}
+	if dctx.Err() != nil {
+		stopServer()
+		res.timeout = true
+		return res, dbuf.String(), 0, nil
+	}
+	if derr != nil {
+		stopServer()
+		return res, "", 0, fmt.Errorf("redisdrive: %v:\n%s\nserver:\n%s", derr, tail(dbuf.String(), 5), tail(sbuf.String(), 10))
+	}
+	// The server's peak RSS (it runs under the wrapper's exec, so its pid is the leader's,
+	// unless farmem runs it: then this is unused).
+	var hwm int64
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", srv.Process.Pid)); err == nil {
+		if m := regexp.MustCompile(`VmHWM:\s+(\d+) kB`).FindSubmatch(b); m != nil {
+			v, _ := strconv.ParseInt(string(m[1]), 10, 64)
+			hwm = v << 10
+		}
+	}
+	exec.Command("redis-cli", "-p", strconv.Itoa(port), "shutdown", "nosave").Run()
+	select {
+	case err := <-done:
+		if err != nil {
+			return res, "", 0, fmt.Errorf("redis-server exited: %v:\n%s", err, tail(sbuf.String(), 10))
+		}
+	case <-time.After(60 * time.Second):
+		stopServer()
+		return res, "", 0, fmt.Errorf("redis-server did not exit within 60 s of SHUTDOWN:\n%s", tail(sbuf.String(), 10))
+	}
+	out := dbuf.String() + sbuf.String()
+	if m := regexp.MustCompile(`(?m)^redisdrive: run .* ops_per_sec=(\d+)$`).FindStringSubmatch(out); m != nil {
+		res.tput, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if m := regexp.MustCompile(`(?m)^redisdrive: run_latency .* p50_us=([0-9.]+) p99_us=([0-9.]+)`).FindStringSubmatch(out); m != nil {
+		res.p50, _ = strconv.ParseFloat(m[1], 64)
+		res.p99, _ = strconv.ParseFloat(m[2], 64)
+	}
+	return res, out, hwm, nil
+}
+
+func runSwap(args ...string) error {
+	out, err := exec.Command(swapScript, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("linux-swap.sh %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func swapOff() error { return runSwap("off") }
+
+func cgStats(name string) (map[string]int64, error) {
+	out, err := exec.Command(swapScript, "stats", name).Output()
+	if err != nil {
+		return nil, fmt.Errorf("linux-swap.sh stats %s: %v", name, err)
+	}
+	m := map[string]int64{}
+	for _, f := range strings.Fields(string(out)) {
+		k, v, ok := strings.Cut(f, "=")
+		if n, err := strconv.ParseInt(v, 10, 64); ok && err == nil {
+			m[k] = n
+		}
+	}
+	return m, nil
+}
+
+func vmstat() map[string]uint64 {
+	m := map[string]uint64{}
+	f, err := os.Open("/proc/vmstat")
+	if err != nil {
+		return m
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		k, v, _ := strings.Cut(s.Text(), " ")
+		if k == "pswpin" || k == "pswpout" {
+			m[k], _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
+	return m
+}
+
+// median of the runs' values; timed-out runs count as 0 throughput (a bound, flagged).
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -1,0 +1,423 @@
+package main
+
+import (
+	"encoding/csv"
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// facts are the machine's, at the start and the end of the run.
+type facts struct {
+	started             time.Time
+	took                time.Duration
+	cpu, kernel, commit string
+	memGiB              int
+	loadStart, loadEnd  string
+	busyStart, busyEnd  string
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// busy names what else was running: the machine is shared, and the numbers should say so.
+func busy() string {
+	out, _ := exec.Command("sh", "-c", `ps -eo pcpu=,args= --sort=-pcpu | awk '$1 > 20 {print}' | grep -v farmem-bench | head -3 | cut -c1-70`).Output()
+	s := strings.TrimSpace(string(out))
+	if s == "" {
+		return "nothing else above 20 % CPU"
+	}
+	return strings.ReplaceAll(s, "\n", "; ")
+}
+
+func machineFacts() *facts {
+	f := &facts{started: time.Now().UTC(), loadStart: loadavg(), busyStart: busy()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				_, f.cpu, _ = strings.Cut(l, ": ")
+				break
+			}
+		}
+	}
+	if out, err := exec.Command("uname", "-r").Output(); err == nil {
+		f.kernel = strings.TrimSpace(string(out))
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb float64
+		fmt.Sscanf(string(b), "MemTotal: %f kB", &kb)
+		f.memGiB = int(kb/(1<<20) + 0.5)
+	}
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		f.commit = strings.TrimSpace(string(out))
+	}
+	return f
+}
+
+func (f *facts) end(start time.Time) {
+	f.took = time.Since(start)
+	f.loadEnd, f.busyEnd = loadavg(), busy()
+}
+
+// stat is the medians of one workload's runs in one configuration.
+type stat struct {
+	n, timeouts           int
+	tput, wall, p50, p99  float64
+	faults, inMiB, outMiB float64
+	capMiB                int
+	limitMiB              float64
+}
+
+func summarize(rs []result, wl string, c config) (s stat, ok bool) {
+	var tp, wa, p5, p9, fa, in, out []float64
+	for _, r := range rs {
+		if r.wl != wl || r.cfg != c {
+			continue
+		}
+		s.n++
+		s.capMiB, s.limitMiB = r.capMiB, float64(r.limitB)/(1<<20)
+		if r.timeout {
+			s.timeouts++
+		}
+		tp = append(tp, r.tput)
+		wa = append(wa, r.wall)
+		p5, p9 = append(p5, r.p50), append(p9, r.p99)
+		fa = append(fa, float64(r.faults))
+		in, out = append(in, float64(r.inB)/(1<<20)), append(out, float64(r.outB)/(1<<20))
+	}
+	if s.n == 0 {
+		return s, false
+	}
+	s.tput, s.wall, s.p50, s.p99 = median(tp), median(wa), median(p5), median(p9)
+	s.faults, s.inMiB, s.outMiB = median(fa), median(in), median(out)
+	return s, true
+}
+
+func ratio(a, b float64) string {
+	switch {
+	case b == 0 && a > 0:
+		return "∞ (other timed out)"
+	case b == 0 || math.IsNaN(a) || math.IsNaN(b):
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, rounds int, rs []result, f *facts, plots bool) error {
+	var b strings.Builder
+	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
+	cmd := "bin/farmem-bench " + strings.Join(os.Args[1:], " ")
+	if v := os.Getenv("ROUNDS"); v != "" {
+		cmd = "ROUNDS=" + v + " " + cmd
+	}
+	p("# farmem vs Linux swap, side by side\n\n")
+	p("Command: `%s` (from the repository root, as root), started %s, took %.0f s.\n",
+		strings.TrimSpace(cmd), f.started.Format("2006-01-02 15:04 UTC"), f.took.Seconds())
+	p("Machine: %d cores (%s), %d GiB, Linux %s; farmem %s; Go %s.\n", runtime.NumCPU(), f.cpu, f.memGiB, f.kernel, f.commit, runtime.Version())
+	p("Load average at the start: %s (%s); at the end: %s (%s).\n", f.loadStart, f.busyStart, f.loadEnd, f.busyEnd)
+	p("\nEvery row is the median of %d rounds; the rounds were interleaved (each round runs every workload in every configuration once), so machine drift hits every configuration alike.\n", rounds)
+	p("\n## How each configuration runs\n\n")
+	p("- **native**: the program alone, no cap.\n")
+	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (none); **farmem-leap** adds `--prefetch leap` (map mode). Memory servers over tcp/shm are not in this landing.\n")
+	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
+	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus what the native run's cgroup was charged beyond its peak RSS (`memory.max_usage_in_bytes` - VmHWM, at least 0; the *overhead* column below). At 100 %% both therefore hold the whole native footprint.\n")
+	p("- Guest memory is warmed before every run (one `dd` block of 3x the footprint): first touch of cold guest memory costs ~10 µs/page here.\n")
+	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's checksum must equal the native run's. A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*).\n")
+	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: backend reads and evictions written; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
+	p("\n## Workloads\n\n| workload | command | peak RSS MiB | cgroup overhead MiB | native s | throughput metric |\n|---|---|---|---|---|---|\n")
+	for _, w := range wls {
+		r := h.refs[w.name]
+		c := "`" + strings.Join(w.args, " ") + "`"
+		if w.server {
+			c = fmt.Sprintf("`redis-server --save \"\" --appendonly no` driven by `bin/redisdrive --keys %d --ops %d --get-ratio %g` (1000 B values, zipfian 0.99: populate, the zipfian phase, a GET of every key)", w.keys, w.ops, w.getRatio)
+		}
+		if w.name == "pagerank" {
+			c += " (checksum " + r.checksum + ")"
+		}
+		p("| %s | %s | %d | %.1f | %.2f | %s |\n", w.title, c, r.peakMiB, float64(r.overhead)/(1<<20), r.nativeSec, w.metric)
+	}
+	p("\nThe footprints are small (tens of MiB, not GiB): with 4 caps x 4 configurations, 3 rounds and swap runs that take tens of seconds, GiB-scale runs do not fit this machine's ~25-minute budget. Larger runs: `-scale`.\n")
+
+	// Headline: x native per cap, and farmem over swap.
+	nat := map[string]stat{}
+	for _, w := range wls {
+		nat[w.name], _ = summarize(rs, w.name, config{kind: "native"})
+	}
+	find := func(kind, pf, sw string, pct int) config {
+		return config{kind: kind, prefetch: pf, swap: sw, pct: pct}
+	}
+	p("\n## Headline: throughput x native (medians)\n\n")
+	p("| workload | cap | farmem | farmem-leap | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |\n|---|---|---|---|---|---|---|---|\n")
+	for _, w := range wls {
+		n := nat[w.name]
+		for _, pct := range pcts {
+			cell := func(c config) string {
+				s, ok := summarize(rs, w.name, c)
+				if !ok {
+					return "-"
+				}
+				v := ratio(s.tput, n.tput)
+				if s.timeouts > 0 {
+					v += fmt.Sprintf(" (%d of %d timed out)", s.timeouts, s.n)
+				}
+				return v
+			}
+			best := func() (float64, bool) { // farmem's better prefetcher
+				a, ok1 := summarize(rs, w.name, find("farmem", "", "", pct))
+				l, ok2 := summarize(rs, w.name, find("farmem", "leap", "", pct))
+				if !ok1 && !ok2 {
+					return 0, false
+				}
+				return math.Max(a.tput, l.tput), true
+			}
+			vs := func(sw string) string {
+				fb, ok := best()
+				s, ok2 := summarize(rs, w.name, find("swap", "", sw, pct))
+				if !ok || !ok2 {
+					return "-"
+				}
+				return ratio(fb, s.tput)
+			}
+			p("| %s | %d %% | %s | %s | %s | %s | %s | %s |\n", w.title, pct, cell(find("farmem", "", "", pct)), cell(find("farmem", "leap", "", pct)),
+				cell(find("swap", "", "zram", pct)), cell(find("swap", "", "file", pct)), vs("zram"), vs("file"))
+		}
+	}
+	p("\nfarmem / swap: the better of farmem's two prefetchers over swap's throughput at the same cap.\n")
+	h.targets(p, wls, rs, nat)
+	for _, w := range wls {
+		p("\n![%s](swap-%s.png)\n", w.title, w.name)
+	}
+
+	// Per workload, every configuration.
+	for _, w := range wls {
+		n := nat[w.name]
+		p("\n## %s\n\nNative: %.0f %s, %.2f s", w.title, n.tput, w.metric, n.wall)
+		if w.server {
+			p(", request latency p50 %.0f µs / p99 %.0f µs", n.p50, n.p99)
+		}
+		p(".\n\n| config | cap %% | cap MiB | cgroup limit MiB | throughput | x native | wall s |")
+		if w.server {
+			p(" p50 µs | p99 µs |")
+		}
+		p(" faults | MiB in | MiB out | timed out |\n|---|---|---|---|---|---|---|")
+		if w.server {
+			p("---|---|")
+		}
+		p("---|---|---|---|\n")
+		for _, c := range append([]config{{kind: "native"}}, cfgs...) {
+			s, ok := summarize(rs, w.name, c)
+			if !ok {
+				continue
+			}
+			lim := "-"
+			if c.kind == "swap" {
+				lim = fmt.Sprintf("%.1f", s.limitMiB)
+			}
+			cp, cm := "-", "-"
+			if c.kind != "native" {
+				cp, cm = strconv.Itoa(c.pct), strconv.Itoa(s.capMiB)
+			}
+			p("| %s | %s | %s | %s | %.0f | %s | %.2f |", c.name(), cp, cm, lim, s.tput, ratio(s.tput, n.tput), s.wall)
+			if w.server {
+				p(" %.0f | %.0f |", s.p50, s.p99)
+			}
+			p(" %.0f | %.1f | %.1f | %d of %d |\n", s.faults, s.inMiB, s.outMiB, s.timeouts, s.n)
+		}
+	}
+	p("\nEvery run is in [swap.csv](swap.csv).\n")
+	if err := os.WriteFile(filepath.Join(out, "swap.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	if err := writeCSV(filepath.Join(out, "swap.csv"), rs); err != nil {
+		return err
+	}
+	if plots {
+		for _, w := range wls {
+			if err := plotWorkload(filepath.Join(out, "swap-"+w.name+".png"), w, cfgs, pcts, rs, nat[w.name]); err != nil {
+				return fmt.Errorf("plot %s: %w", w.name, err)
+			}
+		}
+	}
+	fmt.Fprint(os.Stdout, b.String())
+	return nil
+}
+
+func writeCSV(path string, rs []result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := csv.NewWriter(f)
+	w.Write([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "timed_out"})
+	for _, r := range rs {
+		w.Write([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
+			fmt.Sprintf("%.3f", r.wall), fmt.Sprintf("%.1f", r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
+			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout)})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// plotWorkload draws throughput (x native, log scale: swap to a file can be 100x slower) against
+// local memory %, a line per configuration and native as the line at 1.
+func plotWorkload(path string, w workload, cfgs []config, pcts []int, rs []result, nat stat) error {
+	pl := plot.New()
+	pl.Title.Text = w.title + ": throughput vs local memory"
+	pl.X.Label.Text = "local memory, % of native peak"
+	pl.Y.Label.Text = "throughput x native (log)"
+	pl.Y.Scale = plot.LogScale{}
+	pl.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	pl.Legend.Top = false
+	pl.Legend.Left = false
+	colors := map[string]color.Color{
+		"farmem":      color.RGBA{R: 31, G: 119, B: 180, A: 255},
+		"farmem-leap": color.RGBA{R: 44, G: 160, B: 44, A: 255},
+		"swap-zram":   color.RGBA{R: 255, G: 127, B: 14, A: 255},
+		"swap-file":   color.RGBA{R: 214, G: 39, B: 40, A: 255},
+	}
+	seen := map[string]bool{}
+	lo, hi := 1.0, 1.0
+	for i, c0 := range cfgs {
+		name := c0.name()
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		var pts plotter.XYs
+		for _, c := range cfgs {
+			if c.name() != name {
+				continue
+			}
+			s, ok := summarize(rs, w.name, c)
+			if !ok || nat.tput <= 0 {
+				continue
+			}
+			// A timed-out median (0) cannot go on a log axis: drawn at the floor instead.
+			y := math.Max(s.tput/nat.tput, 1e-3)
+			lo, hi = math.Min(lo, y), math.Max(hi, y)
+			pts = append(pts, plotter.XY{X: float64(c.pct), Y: y})
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		l, sc, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return err
+		}
+		col, ok := colors[name]
+		if !ok {
+			col = plotutilColor(i)
+		}
+		l.Color, sc.Color = col, col
+		l.Width = vg.Points(1.5)
+		sc.Shape = draw.CircleGlyph{}
+		pl.Add(l, sc)
+		pl.Legend.Add(name, l, sc)
+	}
+	minX, maxX := 100.0, 0.0
+	for _, p := range pcts {
+		minX, maxX = math.Min(minX, float64(p)), math.Max(maxX, float64(p))
+	}
+	nl, err := plotter.NewLine(plotter.XYs{{X: minX, Y: 1}, {X: maxX, Y: 1}})
+	if err != nil {
+		return err
+	}
+	nl.Color = color.Black
+	nl.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+	pl.Add(nl)
+	pl.Legend.Add("native", nl)
+	pl.Add(plotter.NewGrid())
+	pl.Y.Min, pl.Y.Max = lo/1.5, hi*1.5
+	return pl.Save(7*vg.Inch, 4.5*vg.Inch, path)
+}
+
+func plotutilColor(i int) color.Color {
+	p := []color.Color{color.RGBA{R: 148, G: 103, B: 189, A: 255}, color.RGBA{R: 140, G: 86, B: 75, A: 255}, color.RGBA{R: 127, G: 127, B: 127, A: 255}}
+	return p[i%len(p)]
+}
+
+// targets reports issue 6's target ratios, whatever they came to.
+func (h *harness) targets(p func(string, ...any), wls []workload, rs []result, nat map[string]stat) {
+	best := func(wl string, pct int) (float64, bool) {
+		a, ok1 := summarize(rs, wl, config{kind: "farmem", pct: pct})
+		l, ok2 := summarize(rs, wl, config{kind: "farmem", prefetch: "leap", pct: pct})
+		if !ok1 && !ok2 {
+			return 0, false
+		}
+		return math.Max(a.tput, l.tput), true
+	}
+	met := func(v, target float64) string {
+		if v >= target {
+			return "met"
+		}
+		return "**not met**"
+	}
+	p("\n## Issue 6's targets (the ratios reached)\n\n| target | workload | reached | |\n|---|---|---|---|\n")
+	for _, w := range wls {
+		if w.name != "redis-etc" {
+			continue
+		}
+		n := nat[w.name].tput
+		for _, t := range []struct {
+			pct    int
+			target float64
+		}{{50, 0.9}, {25, 0.7}} {
+			if b, ok := best(w.name, t.pct); ok && n > 0 {
+				p("| farmem at %d %% local memory >= %.1fx native | %s | %.2fx | %s |\n", t.pct, t.target, w.title, b/n, met(b/n, t.target))
+			}
+		}
+	}
+	for _, w := range wls {
+		for _, t := range []struct {
+			sw     string
+			target float64
+		}{{"zram", 1.5}, {"file", 10}} {
+			for _, pct := range []int{50, 25} {
+				b, ok := best(w.name, pct)
+				s, ok2 := summarize(rs, w.name, config{kind: "swap", swap: t.sw, pct: pct})
+				if !ok || !ok2 {
+					continue
+				}
+				v, txt := math.Inf(1), "∞ (swap timed out)"
+				if s.tput > 0 {
+					v = b / s.tput
+					txt = fmt.Sprintf("%.2fx", v)
+				}
+				p("| farmem vs swap-%s at %d %% >= %gx | %s | %s | %s |\n", t.sw, pct, t.target, w.title, txt, met(v, t.target))
+			}
+		}
+	}
+	for _, w := range wls {
+		for _, r := range rs {
+			if r.wl == w.name && r.cfg.kind == "farmem" && r.cfg.prefetch == "" && r.cfg.pct > 100 {
+				s, _ := summarize(rs, w.name, r.cfg)
+				if n := nat[w.name].tput; n > 0 {
+					p("| no paging (farmem at %d %% of the peak) >= 0.95x native | %s | %.2fx | %s |\n", r.cfg.pct, w.title, s.tput/n, met(s.tput/n, 0.95))
+				}
+				break
+			}
+		}
+	}
+}
