@@ -50,6 +50,16 @@ type Target interface {
 	Release()
 }
 
+// BatchRecord is one eviction batch, handed to Evictor.Trace once the batch is done. Stage ends
+// are offsets from Start: write-protect of the dirty victims, their copy out, the backend store,
+// the agent's drop, the wake of writers held by the protection.
+type BatchRecord struct {
+	Pid                                   int
+	Start                                 time.Time
+	Protect, Copy, Store, Drop, End       time.Duration
+	Victims, Written, Dropped, Zero, Runs int
+}
+
 // BatchPages is how many pages one eviction batch takes at most.
 const BatchPages = 256
 
@@ -76,6 +86,9 @@ type Evictor struct {
 	// Reserve is room kept free below the cap for memory the program takes without faulting
 	// (BurstReserve): it lowers both watermarks and Limit. Set by the runtime's poll.
 	Reserve atomic.Int64
+	// Trace, if set, is given every completed batch (package telemetry samples them). It runs on
+	// the evictor goroutine, after the batch's wake. Set it before Loop starts.
+	Trace func(*BatchRecord)
 	// Cached is the pages held in farmem's prefetch cache (cache mode): they count against the
 	// cap as the program's own do.
 	Cached  atomic.Int64
@@ -227,6 +240,13 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	if len(e.victims) == 0 {
 		return nil
 	}
+	var rec BatchRecord
+	tracing := e.Trace != nil
+	mark := func(d *time.Duration) {
+		if tracing {
+			*d = time.Since(start)
+		}
+	}
 	dirtyRuns := runs(dirty, nil)
 	for _, r := range dirtyRuns {
 		// (The kernel refuses DONTWAKE together with WP: EINVAL.)
@@ -242,6 +262,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			return fmt.Errorf("evict: write-protect %#x+%d: %w", r.Addr, r.Len, err)
 		}
 	}
+	mark(&rec.Protect)
 	// Copy out: the pages are present and write-protected, so reading them cannot fault and
 	// no write can slip in between the copy and the drop.
 	n := len(dirty)
@@ -264,6 +285,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			return fmt.Errorf("evict: process_vm_readv of %d pages read %d bytes: %v", n, got, err)
 		}
 	}
+	mark(&rec.Copy)
 	// Store the non-zero pages; an all-zero page needs no copy (slot 0).
 	slots := e.slots[:n]
 	var nz []int
@@ -289,6 +311,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			slots[i] = ns[j]
 		}
 	}
+	mark(&rec.Store)
 	// Commit: only pages still in the state we left them in; the program may have discarded
 	// (REMOVE/UNMAP) or written (clean pages) some meanwhile.
 	var drop []uint64
@@ -305,8 +328,10 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		drop = append(drop, p)
 		if slots[i] == 0 {
 			e.Stats.Zero.Add(1)
+			rec.Zero++
 		} else {
 			e.Stats.Written.Add(1)
+			rec.Written++
 		}
 	}
 	for _, p := range clean {
@@ -318,6 +343,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		tb.MarkEvicted(en, en.Slot)
 		drop = append(drop, p)
 		e.Stats.Dropped.Add(1)
+		rec.Dropped++
 	}
 	tb.Unlock()
 	slices.Sort(drop)
@@ -334,6 +360,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			}
 		}
 	}
+	mark(&rec.Drop)
 	tb.Lock()
 	for _, p := range drop {
 		if en := tb.Get(p); en != nil && en.State == pagetable.Evicted {
@@ -354,7 +381,13 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		e.Stats.PeakStoredBytes.Store(e.Backend.StoredBytes())
 	}
 	e.Stats.Runs.Add(int64(len(dropRuns)))
-	e.Stats.Batch.Record(time.Since(start))
+	d := time.Since(start)
+	e.Stats.Batch.Record(d)
+	if tracing {
+		r := rec // only this copy escapes: a batch allocates nothing for tracing when off
+		r.Pid, r.Start, r.End, r.Victims, r.Runs = t.Pid(), start, d, len(e.victims), len(dropRuns)
+		e.Trace(&r)
+	}
 	return nil
 }
 

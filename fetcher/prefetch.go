@@ -2,6 +2,7 @@ package fetcher
 
 import (
 	"slices"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -35,8 +36,9 @@ const MaxPrefetchBatch = 32
 // prefetchBatch is one demand fault's predictions that were worth fetching: evicted pages with
 // a stored copy, marked Prefetching in the page table.
 type prefetchBatch struct {
-	n     int
-	pages [MaxPrefetchBatch]uint64 // addresses
+	n       int
+	pages   [MaxPrefetchBatch]uint64 // addresses
+	trigger uint64                   // with a tracer: the fault that predicted them
 }
 
 // prefetchState is a process's prefetcher and what map mode remembers to infer hits. It is
@@ -57,10 +59,11 @@ type prefetchState struct {
 type prefetchScratch struct {
 	w   prefetchWork
 	buf []byte // MaxPrefetchBatch pages
+	rng uint64 // the worker's head sampler for its batches' spans
 }
 
 func newPrefetchScratch() *prefetchScratch {
-	return &prefetchScratch{buf: make([]byte, MaxPrefetchBatch*ps)}
+	return &prefetchScratch{buf: make([]byte, MaxPrefetchBatch*ps), rng: uint64(nanotime()) | 1}
 }
 
 // predict runs after a re-fault on pg was served, from the backend or (cache mode, hit) from
@@ -69,6 +72,8 @@ func newPrefetchScratch() *prefetchScratch {
 // since the last miss. The table is locked by the caller.
 func (p *Process) predict(pg uint64, hit bool) {
 	s := &p.pf
+	p.clock.mark(&p.clock.pfStart)
+	defer p.clock.mark(&p.clock.pfEnd)
 	page := pg / ps
 	cache := p.rt.PrefetchCache
 	if cache == nil && len(s.window) > 0 {
@@ -106,8 +111,13 @@ func (p *Process) predict(pg uint64, hit bool) {
 		// would lose the race to the program's next touch.
 		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
 		p.choose(&b, &x.w)
-		p.deliver(&x.w, x.buf, p.load(&x.w, x.buf))
+		n := p.load(&x.w, x.buf)
+		p.clock.pfPages, p.clock.pfPlaced = x.w.n, n
+		p.deliver(&x.w, x.buf, n)
 		return
+	}
+	if p.clock.on {
+		b.trigger = pg
 	}
 	for _, a := range b.pages[:b.n] {
 		p.table.Get(a).Prefetching = true
@@ -156,14 +166,26 @@ func (p *Process) prefetchLoop() {
 		if !p.Hold() {
 			continue // retired: drain until the queue is closed
 		}
+		var start time.Time
+		var loaded time.Duration
+		if p.clock.on {
+			start = time.Now()
+		}
 		p.table.Lock()
 		p.choose(&b, &x.w)
 		p.table.Unlock()
 		n := p.load(&x.w, x.buf)
+		if p.clock.on {
+			loaded = time.Since(start)
+		}
 		p.table.Lock()
 		p.deliver(&x.w, x.buf, n)
 		p.finish(&b)
 		p.table.Unlock()
+		if tr := p.rt.Tracer; tr != nil && x.w.n > 0 {
+			p.rt.tracePrefetch(tr, &x.rng, &PrefetchRecord{Pid: p.Pid(), Trigger: b.trigger, Start: start, Load: loaded,
+				End: time.Since(start), Pages: x.w.n, Delivered: n})
+		}
 		// Faults on these pages waited for this batch (see missing): they find their page
 		// resident now, or fetch it themselves.
 		if p.waiting.Load() {

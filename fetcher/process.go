@@ -66,7 +66,8 @@ type Process struct {
 	// prefetchQ carries the fault thread's predictions to the prefetch worker; nil without a
 	// predictor. Closed by retire once the fault thread has stopped.
 	prefetchQ chan prefetchBatch
-	place     placement // fault-thread-only: which CPU the fault thread runs on
+	place     placement  // fault-thread-only: which CPU the fault thread runs on
+	clock     faultClock // fault-thread-only: stage timestamps of the fault being served, if traced
 
 	done     chan struct{} // closed when the fault thread has exited
 	failOnce sync.Once
@@ -101,6 +102,8 @@ func newProcess(rt *Runtime, fd int, table *pagetable.PageTable) (*Process, erro
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
 	p := &Process{rt: rt, fd: fd, table: table, stop: stop, room: room, place: newPlacement(), registered: make(map[uint64]uint64), done: make(chan struct{})}
+	p.clock.on = rt.Tracer != nil
+	p.clock.rng = uint64(nanotime()) | 1 // xorshift's state must not be 0
 	if rt.NewPredictor != nil {
 		p.pf.pred = rt.NewPredictor()
 		if _, remote := rt.Slots.Backend().(backend.BatchLoader); remote {

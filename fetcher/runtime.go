@@ -78,6 +78,15 @@ type Runtime struct {
 	// the first Attach; the caller closes it after Close.
 	Trace *faulttrace.Writer
 	start time.Time // Trace's time zero
+	// Tracer, if set, gets the faults the head sampler picks (TraceSample: SampleThreshold of
+	// the ratio) and every fault slower than TraceSlow (0: none for being slow), after they are
+	// served (tracing.go). Set all three before the first Attach.
+	Tracer      Tracer
+	TraceSample uint64
+	TraceSlow   time.Duration
+	// PeakAnonPages is the highest anonymous RSS of all processes together that the runtime's
+	// poll saw (every 2 ms once armed): the cap as the kernel measures it.
+	PeakAnonPages atomic.Int64
 
 	armed  atomic.Bool // set once, never cleared
 	arming atomic.Bool // the first rescan after arming is adopting pages: program faults wait
@@ -455,6 +464,9 @@ func (rt *Runtime) rescanLoop() {
 				delete(last, p)
 			}
 		}
+		if total > rt.PeakAnonPages.Load() {
+			rt.PeakAnonPages.Store(total)
+		}
 		t.Reset(pollInterval(rt.armed.Load() || total >= rt.ArmPages, total, rt.ArmPages))
 		if !rt.armed.Load() {
 			if total < rt.ArmPages {
@@ -551,3 +563,12 @@ func anonMapping(line string) (start, end uint64, ok bool) {
 
 // PageSize is the page size farmem manages.
 const PageSize = ps
+
+// BytesIn is the page bytes read from the backend: faults served from it and pages prefetched
+// (counted as pages: the compressed stores read fewer).
+func (rt *Runtime) BytesIn() int64 {
+	return (rt.Stats.BackendFaults.Load() + rt.Stats.PrefetchInstalled.Load()) * PageSize
+}
+
+// BytesOut is the page bytes evictions wrote to the backend.
+func (rt *Runtime) BytesOut() int64 { return rt.Evictor.Stats.Written.Load() * PageSize }

@@ -82,6 +82,7 @@ func (p *Process) serve() {
 			}
 			now := time.Now()
 			for i := range msgs[:n] {
+				p.clock.retried = false
 				if p.handle(&msgs[i], page, now) == retry {
 					pending = append(pending, pendingFault{msgs[i], now})
 				}
@@ -93,6 +94,7 @@ func (p *Process) serve() {
 		p.waiting.Store(len(pending) > 0)
 		kept := pending[:0]
 		for i := range pending {
+			p.clock.retried = true
 			if p.handle(&pending[i].msg, page, pending[i].since) == retry {
 				kept = append(kept, pending[i])
 			}
@@ -108,6 +110,9 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 	case uffd.EventPagefault:
 		flags, addr, tid := m.Pagefault()
 		pg := addr &^ (ps - 1)
+		if p.clock.on {
+			p.clock.reset()
+		}
 		p.place.fault(p.Pid(), int(tid))
 		if p.rt.Evictor.Used() > p.rt.Evictor.HighWater() {
 			p.rt.kickEvictor() // start before the cap is reached, so faults rarely wait
@@ -128,9 +133,13 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 			o, src = p.missing(pg, flags&uffd.PagefaultWrite != 0, buf)
 		}
 		if o == served {
-			p.rt.Stats.Latency[src].Record(time.Since(since))
+			d := time.Since(since)
+			p.rt.Stats.Latency[src].Record(d)
 			if tr := p.rt.Trace; tr != nil {
 				p.record(tr, flags, pg, src, since)
+			}
+			if tr := p.rt.Tracer; tr != nil {
+				p.traceFault(tr, flags, pg, src, since, d)
 			}
 		}
 		return o
@@ -168,6 +177,7 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	defer t.Unlock()
 	e := t.Get(pg)
 	if e == nil {
+		p.clock.mark(&p.clock.lookup)
 		return p.zeroFill(pg, write), FromZero
 	}
 	switch e.State {
@@ -190,14 +200,22 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 		}()
 	}
 	if e.Slot == 0 {
+		p.clock.mark(&p.clock.lookup)
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
+		p.clock.mark(&p.clock.install)
 		return p.installed(pg, n, err, true, 0, FromZero), FromZero
 	}
 	if c := p.rt.PrefetchCache; c != nil && c.take(p, pg, e, buf) {
 		src = FromCache
-	} else if err := p.rt.Slots.Backend().Load(e.Slot, buf); err != nil {
-		p.Fail(fmt.Errorf("page %#x: %w", pg, err))
-		return served, FromBackend
+		p.clock.mark(&p.clock.lookup)
+	} else {
+		p.clock.mark(&p.clock.lookup)
+		p.clock.slot = e.Slot
+		if err := p.rt.Slots.Backend().Load(e.Slot, buf); err != nil {
+			p.Fail(fmt.Errorf("page %#x: %w", pg, err))
+			return served, FromBackend
+		}
+		p.clock.mark(&p.clock.fetch)
 	}
 	// A page that is being written, or was written in its last stay, is installed writable
 	// and dirty: a write would otherwise cost a second round trip (the WP fault). Any other
@@ -205,9 +223,11 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	// dirty, so a page that is only read is later dropped without any write.
 	if write || e.WasWritten {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
+		p.clock.mark(&p.clock.install)
 		return p.installed(pg, n, err, true, e.Slot, src), src
 	}
 	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, uffd.CopyWP)
+	p.clock.mark(&p.clock.install)
 	return p.installed(pg, n, err, false, e.Slot, src), src
 }
 
@@ -228,6 +248,8 @@ func (p *Process) zeroFill(pg uint64, write bool) outcome {
 		} else {
 			n, err = uffd.ZeroPage(p.fd, pg, k*ps, 0)
 		}
+		p.clock.mark(&p.clock.install)
+		p.clock.pages = int(max(n, 0) / ps)
 		if n == 0 && k > 1 && (err == unix.ENOENT || err == unix.EFAULT || err == unix.EEXIST) {
 			k = 1 // the window crossed the end of the mapping or a present page
 			continue
@@ -279,7 +301,9 @@ func (p *Process) failed(pg uint64, err error) outcome {
 }
 
 func (p *Process) wake(pg uint64) outcome {
-	if err := uffd.Wake(p.fd, pg, ps); err != nil && err != unix.ESRCH {
+	err := uffd.Wake(p.fd, pg, ps)
+	p.clock.mark(&p.clock.wake)
+	if err != nil && err != unix.ESRCH {
 		p.Fail(fmt.Errorf("wake %#x: %w", pg, err))
 	}
 	return served
@@ -291,6 +315,7 @@ func (p *Process) wpFault(pg uint64) outcome {
 	t.Lock()
 	defer t.Unlock()
 	e := t.Get(pg)
+	p.clock.mark(&p.clock.lookup)
 	switch {
 	case e == nil || e.State == pagetable.Resident:
 		// First write to a clean page: from now on its slot is stale.
@@ -319,6 +344,7 @@ func (p *Process) wpFault(pg uint64) outcome {
 
 func (p *Process) unprotect(pg uint64) outcome {
 	err := uffd.WriteProtect(p.fd, pg, ps, 0)
+	p.clock.mark(&p.clock.install)
 	if err == unix.EAGAIN {
 		return retry
 	}

@@ -93,3 +93,66 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	}
 	return time.Duration(lower(nBuckets - 1))
 }
+
+// Snapshot is a Histogram's counts at one moment, for the live view (the difference of two is
+// the interval between them) and for exporting as a metric.
+type Snapshot struct {
+	Counts [nBuckets]uint64
+	Sum, N uint64 // nanoseconds; recorded durations
+}
+
+// Snapshot copies h's counts into s. Concurrent Records may or may not be seen.
+func (h *Histogram) Snapshot(s *Snapshot) {
+	s.N, s.Sum = 0, h.sum.Load()
+	for i := range h.counts {
+		s.Counts[i] = h.counts[i].Load()
+		s.N += s.Counts[i]
+	}
+}
+
+// Sub subtracts an earlier snapshot of the same histogram: s becomes what was recorded between.
+func (s *Snapshot) Sub(earlier *Snapshot) {
+	for i := range s.Counts {
+		s.Counts[i] -= min(earlier.Counts[i], s.Counts[i])
+	}
+	s.Sum -= min(earlier.Sum, s.Sum)
+	s.N -= min(earlier.N, s.N)
+}
+
+// Quantile is Histogram.Quantile of the snapshot.
+func (s *Snapshot) Quantile(q float64) time.Duration {
+	if s.N == 0 {
+		return 0
+	}
+	rank := uint64(q*float64(s.N-1)) + 1
+	var seen uint64
+	for b, c := range s.Counts {
+		if seen += c; seen >= rank {
+			lo, hi := lower(b), lower(b+1)
+			if b == nBuckets-1 {
+				hi = lo
+			}
+			return time.Duration(lo + (hi-lo)/2)
+		}
+	}
+	return time.Duration(lower(nBuckets - 1))
+}
+
+// Cumulate counts the snapshot into explicit buckets: out[i] gets the durations at most
+// bounds[i] (ascending), out[len(bounds)] the rest, as OpenTelemetry and Prometheus histograms
+// count. A log-linear bucket that straddles a bound is counted by its midpoint, so a bound is
+// honoured to within the histogram's 12.5 %.
+func (s *Snapshot) Cumulate(bounds []time.Duration, out []uint64) {
+	clear(out)
+	i := 0
+	for b, c := range s.Counts {
+		if c == 0 {
+			continue
+		}
+		mid := time.Duration(lower(b) + (lower(b+1)-lower(b))/2)
+		for i < len(bounds) && mid > bounds[i] {
+			i++
+		}
+		out[i] += c
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/faulttrace"
 	"github.com/farmem/farmem/fetcher"
+	"github.com/farmem/farmem/latency"
 	"github.com/farmem/farmem/prefetch"
 )
 
@@ -43,6 +45,11 @@ type Options struct {
 	// Trace, if set, records every served fault. Run stops writing to it before it returns;
 	// the caller closes it.
 	Trace *faulttrace.Writer
+	// Observe, if set, is called with the runtime before the program starts (telemetry
+	// attaches its tracer and metrics there).
+	Observe func(rt *fetcher.Runtime)
+	// StatsEvery > 0 prints one line of live figures on stderr at that interval.
+	StatsEvery time.Duration
 }
 
 // Run runs the program to completion and returns the exit status farmem should exit with.
@@ -79,8 +86,16 @@ func Run(o Options) (int, error) {
 			rt.PrefetchCache = fetcher.NewPrefetchCache(o.PrefetchCachePages, &rt.Evictor.Cached)
 		}
 	}
+	if o.Observe != nil {
+		o.Observe(rt)
+	}
 	defer rt.Close()
 	go acceptLoop(ln, rt)
+	if o.StatsEvery > 0 {
+		stop := make(chan struct{})
+		defer close(stop)
+		go statsLoop(rt, o.StatsEvery, stop)
+	}
 	if l, ok := o.Backend.(interface{ Lost() <-chan error }); ok {
 		// A store that can lose pages (memory servers) says so at once: the program is stopped
 		// then, not when it next touches a lost page.
@@ -192,13 +207,15 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 		fmt.Fprintf(os.Stderr, "farmem: backend peak: %d pages in %d KiB (%.2fx)\n", n, e.PeakStoredBytes.Load()>>10,
 			float64(n*fetcher.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))
 	}
+	fmt.Fprintf(os.Stderr, "farmem: moved: in %s (faults and prefetches from the backend), out %s (evictions written); peak anonymous RSS %d MiB of the %d MiB cap\n",
+		byteSize(rt.BytesIn()), byteSize(rt.BytesOut()), rt.PeakAnonPages.Load()*fetcher.PageSize>>20, o.LocalMem>>20)
 	fmt.Fprintf(os.Stderr, "farmem: fault service")
 	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
 		h := &s.Latency[src]
 		if h.Count() == 0 {
 			continue
 		}
-		fmt.Fprintf(os.Stderr, "; %s %d p50 %v p99 %v", src, h.Count(), h.Quantile(0.5), h.Quantile(0.99))
+		fmt.Fprintf(os.Stderr, "; %s %d p50 %v p99 %v p99.9 %v", src, h.Count(), h.Quantile(0.5), h.Quantile(0.99), h.Quantile(0.999))
 	}
 	if n := e.Batches.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "; eviction batches %d (%.1f runs, %.1f pages each) p50 %v p99 %v",
@@ -209,6 +226,61 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 		fmt.Fprintf(os.Stderr, "; %d batches given up (victims unmapped or moved meanwhile)", n)
 	}
 	fmt.Fprintln(os.Stderr)
+}
+
+// byteSize prints n bytes in the largest binary unit that keeps it at least 1.
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+// statsLoop prints one line per interval on stderr (--stats): faults/s by source with the
+// interval's p99, evictions/s (written and dropped clean), resident pages against the cap.
+func statsLoop(rt *fetcher.Runtime, every time.Duration, stop <-chan struct{}) {
+	var prev, cur [fetcher.NumSources]latency.Snapshot
+	for src := range prev {
+		rt.Stats.Latency[src].Snapshot(&prev[src])
+	}
+	e := &rt.Evictor.Stats
+	lastW, lastD, last := e.Written.Load(), e.Dropped.Load(), time.Now()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var b strings.Builder
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		secs := now.Sub(last).Seconds()
+		b.Reset()
+		fmt.Fprintf(&b, "farmem: stats: faults/s")
+		for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
+			rt.Stats.Latency[src].Snapshot(&cur[src])
+			d := cur[src]
+			d.Sub(&prev[src])
+			prev[src] = cur[src]
+			if d.N > 0 {
+				fmt.Fprintf(&b, " %s %.0f (p99 %v)", src, float64(d.N)/secs, d.Quantile(0.99))
+			} else {
+				fmt.Fprintf(&b, " %s 0", src)
+			}
+		}
+		w, dr := e.Written.Load(), e.Dropped.Load()
+		fmt.Fprintf(&b, "; evictions/s written %.0f clean %.0f; resident %d MiB of %d MiB cap (%d MiB counted against it)\n",
+			float64(w-lastW)/secs, float64(dr-lastD)/secs, rt.Resident.Load()*fetcher.PageSize>>20,
+			rt.CapPages*fetcher.PageSize>>20, rt.Evictor.Used()*fetcher.PageSize>>20)
+		lastW, lastD, last = w, dr, now
+		os.Stderr.WriteString(b.String())
+	}
 }
 
 func acceptLoop(ln *net.UnixListener, rt *fetcher.Runtime) {

@@ -86,7 +86,7 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
 			ctrlTokenFlag(),
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
-		}, prefetchFlags()...),
+		}, append(prefetchFlags(), telemetryFlags()...)...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
 			if !c.IsSet("local-mem") {
@@ -119,6 +119,10 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return usagef("--compress: %v", err)
 			}
+			tcfg, statsEvery, err := telemetryOptions(c, argv[0])
+			if err != nil {
+				return err
+			}
 			if err := checkUserfaultfd(); err != nil {
 				return err
 			}
@@ -138,13 +142,19 @@ func runCommand() *cli.Command {
 				return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
 			}
 			defer store.Close()
-			trace, err := openTrace(c) // last: a failure above leaves no file behind
+			tel, err := startTelemetry(tcfg)
 			if err != nil {
 				return err
 			}
+			trace, err := openTrace(c) // last: a failure above leaves no file behind
+			if err != nil {
+				stopTelemetry(tel, true)
+				return err
+			}
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, PrefetchCachePages: cachePages, Trace: trace})
-			if trace != nil { // Run has stopped every fault thread
+				Prefetch: pcfg, PrefetchCachePages: cachePages, Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery})
+			stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
+			if trace != nil {                   // Run has stopped every fault thread
 				if cerr := closeTrace(c, trace); err == nil {
 					err = cerr
 				}

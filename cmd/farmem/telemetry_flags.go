@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/farmem/farmem/telemetry"
+)
+
+// telemetryFlags are farmem run's observability settings: OpenTelemetry traces and metrics,
+// the Prometheus endpoint and the live stats line.
+func telemetryFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "otlp", Usage: "export fault traces and metrics over OTLP to HOST:PORT (plaintext) or http[s]://HOST:PORT;\n\tdefault: OTEL_EXPORTER_OTLP_ENDPOINT if set (the OTEL_* variables are honoured; flags override them)"},
+		&cli.StringFlag{Name: "otlp-protocol", Usage: "grpc or http/protobuf; default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf for port 4318, else grpc"},
+		&cli.StringFlag{Name: "trace-sample", Value: strconv.FormatFloat(telemetry.DefaultSample, 'g', -1, 64), Usage: "with an OTLP endpoint or --trace-stdout: the share of faults traced, 0 to 1 (head sampling;\n\tan unsampled fast fault costs nothing more than a few clock reads)"},
+		&cli.StringFlag{Name: "trace-slow", Value: telemetry.DefaultSlow.String(), Usage: "trace every fault slower than DURATION, sampled or not (0: none)"},
+		&cli.BoolFlag{Name: "trace-stdout", Usage: "also print the spans on stdout (debugging; the program's stdout is the same)"},
+		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (fault latency histogram, counts...) on HOST:PORT/metrics"},
+		&cli.StringFlag{Name: "stats", Usage: "print one line of live figures on stderr every DURATION (e.g. 1s): faults/s by source\n\twith p99, evictions/s, resident vs cap"},
+	}
+}
+
+// telemetryOptions reads the flags and the environment; bad input is a usage error.
+func telemetryOptions(c *cli.Context, program string) (telemetry.Config, time.Duration, error) {
+	cfg := telemetry.Config{Endpoint: c.String("otlp"), Protocol: c.String("otlp-protocol"), Stdout: c.Bool("trace-stdout"),
+		MetricsAddr: c.String("metrics-addr"), Program: filepath.Base(program)}
+	var err error
+	if cfg.Sample, err = strconv.ParseFloat(c.String("trace-sample"), 64); err != nil {
+		return cfg, 0, usagef("--trace-sample %q: give a ratio from 0 to 1 (0.01: one fault in a hundred)", c.String("trace-sample"))
+	}
+	if cfg.Slow, err = time.ParseDuration(c.String("trace-slow")); err != nil {
+		return cfg, 0, usagef("--trace-slow %q: give a duration such as 100us or 1ms", c.String("trace-slow"))
+	}
+	if c.IsSet("otlp") && cfg.Endpoint == "" {
+		return cfg, 0, usagef("--otlp is empty: give HOST:PORT")
+	}
+	if err := cfg.Resolve(os.Getenv); err != nil {
+		return cfg, 0, usagef("%v", err)
+	}
+	var every time.Duration
+	if c.IsSet("stats") {
+		if every, err = time.ParseDuration(c.String("stats")); err != nil || every <= 0 {
+			return cfg, 0, usagef("--stats %q: give an interval such as 1s", c.String("stats"))
+		}
+	}
+	return cfg, every, nil
+}
+
+// startTelemetry starts the exporters (and the /metrics listener: a port in use fails here,
+// before the program starts). Export errors later are warned about once and never stop the run.
+func startTelemetry(cfg telemetry.Config) (*telemetry.Telemetry, error) {
+	t, err := telemetry.Start(context.Background(), cfg, func(msg string) { fmt.Fprintf(os.Stderr, "farmem: %s\n", msg) })
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return t, nil
+}
+
+// stopTelemetry flushes the last spans and metrics; an endpoint that does not answer holds up
+// farmem's exit by at most a few seconds.
+func stopTelemetry(t *telemetry.Telemetry, quiet bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	t.Shutdown(ctx) // errors went to the error handler's one warning
+	if n := t.Dropped(); n > 0 && !quiet {
+		fmt.Fprintf(os.Stderr, "farmem: telemetry: %d sampled records were not traced (the span exporter was behind)\n", n)
+	}
+}

@@ -1,0 +1,160 @@
+package fetcher
+
+import (
+	"time"
+	_ "unsafe" // go:linkname
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/uffd"
+)
+
+// This file is the fault path's side of tracing: plain values and one small interface. The
+// fault thread takes a few monotonic timestamps into a fixed struct it owns and, only once a
+// fault is served and its thread woken, hands a copy of them to Runtime.Tracer if the fault was
+// sampled (a per-process xorshift draw, no lock, no allocation) or took longer than TraceSlow.
+// Everything OpenTelemetry (spans, exporters) lives behind Tracer, in package telemetry.
+
+//go:linkname nanotime runtime.nanotime
+func nanotime() int64
+
+// Fault kinds, as the kernel reports them.
+const (
+	KindRead  = 0
+	KindWrite = 1
+	KindWP    = 2
+)
+
+// FaultRecord is one served fault. Stage ends are offsets from Read; a stage a fault did not go
+// through is 0 (a zero-fill has no fetch; a WP fault has no lookup of a copy).
+type FaultRecord struct {
+	Pid    int
+	Addr   uint64
+	Kind   int
+	Source Source
+	Head   bool      // chosen by the head sampler (false: kept because it was slow)
+	Waited bool      // put back at least once (an unread event, or waiting at the cap) before served
+	Read   time.Time // when the fault message was read from the uffd
+	// Begin is when the last (successful) attempt to serve it started: Begin is queue wait.
+	// Lookup ends the page-table and prefetch-cache lookup, Fetch the backend read, Install
+	// the install ioctl (which also wakes the thread unless Wake is set), Wake an explicit wake.
+	Begin, Lookup, Fetch, Install, Wake, End time.Duration
+	Pages                                    int // pages installed (a zero-fill window may install several)
+	// Slot is the backend slot read (FromBackend), for Describe.
+	Slot backend.Slot
+	// PrefetchStart/End bound the prediction and, with the embedded store, the inline prefetch
+	// of PrefetchPages pages that follows the wake (the program runs on meanwhile).
+	PrefetchStart, PrefetchEnd    time.Duration
+	PrefetchPages, PrefetchPlaced int
+}
+
+// PrefetchRecord is one batch of the prefetch worker (memory servers).
+type PrefetchRecord struct {
+	Pid              int
+	Trigger          uint64 // the faulting page whose prediction this is
+	Start            time.Time
+	Load, End        time.Duration // the batched backend read, and the installs, from Start
+	Pages, Delivered int
+	Err              error
+}
+
+// Tracer receives the records of sampled work. Its methods run on the fault thread (Fault) or
+// the prefetch worker (Prefetch) and must not keep the pointer.
+type Tracer interface {
+	Fault(r *FaultRecord)
+	Prefetch(r *PrefetchRecord)
+}
+
+// LoadDescriber is implemented by backends that can say where a slot is read from (the
+// memory-server store): the server, its transport and which replica. The tracer asks after
+// the fault, only for sampled faults; it names the copy a read prefers at that moment.
+type LoadDescriber interface {
+	DescribeLoad(slot backend.Slot) (server, transport string, replica int, ok bool)
+}
+
+// faultClock is the fault thread's stopwatch for the fault being served (fault-thread only).
+// Marks are nanotime readings; on is false when no tracer is set, and then nothing is read.
+type faultClock struct {
+	on                                  bool
+	begin, lookup, fetch, install, wake int64
+	pfStart, pfEnd                      int64
+	pfPages, pfPlaced                   int
+	slot                                backend.Slot
+	pages                               int
+	retried                             bool
+	rng                                 uint64 // xorshift64 state of the head sampler
+}
+
+func (c *faultClock) reset() {
+	*c = faultClock{on: c.on, rng: c.rng, retried: c.retried, begin: nanotime()}
+}
+
+func (c *faultClock) mark(t *int64) {
+	if c.on {
+		*t = nanotime()
+	}
+}
+
+// sample draws the head sampling decision: true with probability threshold/2^64.
+func (c *faultClock) sample(threshold uint64) bool {
+	if threshold == 0 {
+		return false
+	}
+	x := c.rng
+	x ^= x << 13
+	x ^= x >> 7
+	x ^= x << 17
+	c.rng = x
+	return x <= threshold
+}
+
+// SampleThreshold turns a ratio into the head sampler's threshold.
+func SampleThreshold(ratio float64) uint64 {
+	switch {
+	case ratio <= 0:
+		return 0
+	case ratio >= 1:
+		return ^uint64(0)
+	}
+	return uint64(ratio * (1 << 63) * 2)
+}
+
+// traceFault hands a served fault to the tracer if it is sampled or slow. d is its service time
+// (already measured for the histogram); readMono is Read on the nanotime clock.
+func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time.Time, d time.Duration) {
+	c := &p.clock
+	head := c.sample(p.rt.TraceSample)
+	if !head && (p.rt.TraceSlow <= 0 || d < p.rt.TraceSlow) {
+		return
+	}
+	// since on the nanotime clock: both clocks are monotonic; the offset is fixed per fault.
+	readMono := nanotime() - int64(time.Since(since))
+	off := func(t int64) time.Duration {
+		if t == 0 {
+			return 0
+		}
+		return time.Duration(max(t-readMono, 0))
+	}
+	kind := KindRead
+	switch {
+	case flags&uffd.PagefaultWP != 0:
+		kind = KindWP
+	case flags&uffd.PagefaultWrite != 0:
+		kind = KindWrite
+	}
+	r := FaultRecord{Pid: p.Pid(), Addr: pg, Kind: kind, Source: src, Head: head, Waited: c.retried, Read: since,
+		Begin: off(c.begin), Lookup: off(c.lookup), Fetch: off(c.fetch), Install: off(c.install), Wake: off(c.wake), End: d,
+		Pages: max(c.pages, 1), Slot: c.slot,
+		PrefetchStart: off(c.pfStart), PrefetchEnd: off(c.pfEnd), PrefetchPages: c.pfPages, PrefetchPlaced: c.pfPlaced}
+	tr.Fault(&r)
+}
+
+// tracePrefetch hands a worker's batch to the tracer with the faults' sampling ratio; rng is the
+// worker's own sampler state (the fault thread's is not the worker's to touch).
+func (rt *Runtime) tracePrefetch(tr Tracer, rng *uint64, r *PrefetchRecord) {
+	c := faultClock{rng: *rng}
+	head := c.sample(rt.TraceSample)
+	*rng = c.rng
+	if head || (rt.TraceSlow > 0 && r.End >= rt.TraceSlow) {
+		tr.Prefetch(r)
+	}
+}
