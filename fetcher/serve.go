@@ -176,8 +176,8 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	t.Lock()
 	defer t.Unlock()
 	e := t.Get(pg)
+	p.clock.mark(&p.clock.lookup) // a backend fault's lookup ends after the prefetch cache's, below
 	if e == nil {
-		p.clock.mark(&p.clock.lookup)
 		return p.zeroFill(pg, write), FromZero
 	}
 	switch e.State {
@@ -200,7 +200,6 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 		}()
 	}
 	if e.Slot == 0 {
-		p.clock.mark(&p.clock.lookup)
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
 		p.clock.mark(&p.clock.install)
 		return p.installed(pg, n, err, true, 0, FromZero), FromZero

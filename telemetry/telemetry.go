@@ -163,6 +163,7 @@ func splitEndpoint(ep string) (hostport string, insecure bool, err error) {
 
 // Telemetry is one run's exporters. Attach it to the runtime, Shutdown it at the end.
 type Telemetry struct {
+	once   sync.Once
 	cfg    Config
 	warn   func(string)
 	tp     *sdktrace.TracerProvider
@@ -180,12 +181,7 @@ func Start(ctx context.Context, cfg Config, warn func(string)) (*Telemetry, erro
 	if !cfg.Enabled() {
 		return t, nil
 	}
-	var once sync.Once
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		once.Do(func() {
-			warn(fmt.Sprintf("telemetry: %v (the program runs on; further telemetry errors are not shown)", err))
-		})
-	}))
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(t.warnOnce))
 	res, err := resource.New(ctx,
 		resource.WithAttributes(attribute.String("service.name", "farmem")), // OTEL_SERVICE_NAME overrides it
 		resource.WithFromEnv(), resource.WithTelemetrySDK(),
@@ -221,6 +217,12 @@ func Start(ctx context.Context, cfg Config, warn func(string)) (*Telemetry, erro
 	return t, nil
 }
 
+// An export gives up after a few seconds (the SDK's default retries for a minute): a collector
+// that is down costs the run some dropped spans, not a minute of blocked exports and exit.
+const exportTimeout = 3 * time.Second
+
+var retry = otlptracegrpc.RetryConfig{Enabled: true, InitialInterval: 100 * time.Millisecond, MaxInterval: time.Second, MaxElapsedTime: 3 * time.Second}
+
 func traceExporter(ctx context.Context, c *Config) (sdktrace.SpanExporter, error) {
 	// Without --otlp the exporters read OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT and _HEADERS
 	// themselves; --otlp overrides the endpoint only.
@@ -237,6 +239,7 @@ func traceExporter(ctx context.Context, c *Config) (sdktrace.SpanExporter, error
 				o = append(o, otlptracehttp.WithInsecure())
 			}
 		}
+		o = append(o, otlptracehttp.WithTimeout(exportTimeout), otlptracehttp.WithRetry(otlptracehttp.RetryConfig(retry)))
 		return otlptracehttp.New(ctx, o...)
 	}
 	var o []otlptracegrpc.Option
@@ -246,6 +249,7 @@ func traceExporter(ctx context.Context, c *Config) (sdktrace.SpanExporter, error
 			o = append(o, otlptracegrpc.WithInsecure())
 		}
 	}
+	o = append(o, otlptracegrpc.WithTimeout(exportTimeout), otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig(retry)))
 	return otlptracegrpc.New(ctx, o...)
 }
 
@@ -263,6 +267,7 @@ func metricExporter(ctx context.Context, c *Config) (sdkmetric.Exporter, error) 
 				o = append(o, otlpmetrichttp.WithInsecure())
 			}
 		}
+		o = append(o, otlpmetrichttp.WithTimeout(exportTimeout), otlpmetrichttp.WithRetry(otlpmetrichttp.RetryConfig(retry)))
 		return otlpmetrichttp.New(ctx, o...)
 	}
 	var o []otlpmetricgrpc.Option
@@ -272,6 +277,7 @@ func metricExporter(ctx context.Context, c *Config) (sdkmetric.Exporter, error) 
 			o = append(o, otlpmetricgrpc.WithInsecure())
 		}
 	}
+	o = append(o, otlpmetricgrpc.WithTimeout(exportTimeout), otlpmetricgrpc.WithRetry(otlpmetricgrpc.RetryConfig(retry)))
 	return otlpmetricgrpc.New(ctx, o...)
 }
 
@@ -311,6 +317,14 @@ func (t *Telemetry) startMetrics(ctx context.Context, res *resource.Resource) er
 	}
 	t.mp = sdkmetric.NewMeterProvider(opts...)
 	return t.source.register(t.mp.Meter("github.com/farmem/farmem/telemetry"))
+}
+
+// warnOnce reports the first export error (an unreachable endpoint, a refusing collector):
+// telemetry never stops the program, and one line says it is not getting through.
+func (t *Telemetry) warnOnce(err error) {
+	t.once.Do(func() {
+		t.warn(fmt.Sprintf("telemetry: %v (the program runs on; further telemetry errors are not shown)", err))
+	})
 }
 
 // Attach makes rt's faults, eviction batches and prefetch batches traced and its counters the
@@ -353,5 +367,9 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	if t.prom != nil {
 		t.prom.Close()
 	}
-	return errors.Join(errs...)
+	err := errors.Join(errs...)
+	if err != nil {
+		t.warnOnce(err)
+	}
+	return err
 }

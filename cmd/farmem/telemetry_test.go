@@ -1,0 +1,543 @@
+package main
+
+// End-to-end tests of farmem run's telemetry: a real OTLP receiver in the test (the collector's
+// gRPC TraceService/MetricsService, and OTLP/HTTP as a net/http handler decoding the protobuf)
+// gets a capped run's spans and metrics; the Prometheus endpoint is scraped while a run pages.
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	collmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	colltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	metricspb "go.opentelemetry.io/proto/otlp/metrics/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+)
+
+// otlpSink keeps everything an OTLP receiver was sent.
+type otlpSink struct {
+	mu      sync.Mutex
+	traces  []*tracepb.ResourceSpans
+	metrics []*metricspb.ResourceMetrics
+	headers []http.Header // OTLP/HTTP requests' headers
+}
+
+func (s *otlpSink) addTraces(rs []*tracepb.ResourceSpans) {
+	s.mu.Lock()
+	s.traces = append(s.traces, rs...)
+	s.mu.Unlock()
+}
+
+func (s *otlpSink) addMetrics(rm []*metricspb.ResourceMetrics) {
+	s.mu.Lock()
+	s.metrics = append(s.metrics, rm...)
+	s.mu.Unlock()
+}
+
+type traceService struct {
+	colltrace.UnimplementedTraceServiceServer
+	s *otlpSink
+}
+
+func (t traceService) Export(_ context.Context, r *colltrace.ExportTraceServiceRequest) (*colltrace.ExportTraceServiceResponse, error) {
+	t.s.addTraces(r.ResourceSpans)
+	return &colltrace.ExportTraceServiceResponse{}, nil
+}
+
+type metricsService struct {
+	collmetrics.UnimplementedMetricsServiceServer
+	s *otlpSink
+}
+
+func (m metricsService) Export(_ context.Context, r *collmetrics.ExportMetricsServiceRequest) (*collmetrics.ExportMetricsServiceResponse, error) {
+	m.s.addMetrics(r.ResourceMetrics)
+	return &collmetrics.ExportMetricsServiceResponse{}, nil
+}
+
+// startGRPCSink serves OTLP/gRPC on a loopback port and returns its HOST:PORT.
+func startGRPCSink(t *testing.T) (string, *otlpSink) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &otlpSink{}
+	srv := grpc.NewServer()
+	colltrace.RegisterTraceServiceServer(srv, traceService{s: s})
+	collmetrics.RegisterMetricsServiceServer(srv, metricsService{s: s})
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	return ln.Addr().String(), s
+}
+
+// startHTTPSink serves OTLP/HTTP (binary protobuf, gzip or not) on a loopback port.
+func startHTTPSink(t *testing.T) (string, *otlpSink) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &otlpSink{}
+	read := func(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
+		var body io.Reader = r.Body
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			z, err := gzip.NewReader(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return false
+			}
+			body = z
+		}
+		b, err := io.ReadAll(body)
+		if err == nil {
+			err = proto.Unmarshal(b, m)
+		}
+		if err != nil || r.Header.Get("Content-Type") != "application/x-protobuf" {
+			http.Error(w, fmt.Sprintf("bad OTLP/HTTP request (%s): %v", r.Header.Get("Content-Type"), err), http.StatusBadRequest)
+			return false
+		}
+		s.mu.Lock()
+		s.headers = append(s.headers, r.Header.Clone())
+		s.mu.Unlock()
+		return true
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/traces", func(w http.ResponseWriter, r *http.Request) {
+		var req colltrace.ExportTraceServiceRequest
+		if read(w, r, &req) {
+			s.addTraces(req.ResourceSpans)
+			b, _ := proto.Marshal(&colltrace.ExportTraceServiceResponse{})
+			w.Header().Set("Content-Type", "application/x-protobuf")
+			w.Write(b)
+		}
+	})
+	mux.HandleFunc("/v1/metrics", func(w http.ResponseWriter, r *http.Request) {
+		var req collmetrics.ExportMetricsServiceRequest
+		if read(w, r, &req) {
+			s.addMetrics(req.ResourceMetrics)
+			b, _ := proto.Marshal(&collmetrics.ExportMetricsServiceResponse{})
+			w.Header().Set("Content-Type", "application/x-protobuf")
+			w.Write(b)
+		}
+	})
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String(), s
+}
+
+// span is an exported span with its resource's attributes.
+type span struct {
+	*tracepb.Span
+	res map[string]string
+}
+
+func attrs(kvs []*commonpb.KeyValue) map[string]string {
+	m := map[string]string{}
+	for _, kv := range kvs {
+		switch v := kv.Value.Value.(type) {
+		case *commonpb.AnyValue_StringValue:
+			m[kv.Key] = v.StringValue
+		case *commonpb.AnyValue_IntValue:
+			m[kv.Key] = strconv.FormatInt(v.IntValue, 10)
+		case *commonpb.AnyValue_BoolValue:
+			m[kv.Key] = strconv.FormatBool(v.BoolValue)
+		default:
+			m[kv.Key] = kv.Value.String()
+		}
+	}
+	return m
+}
+
+func (s *otlpSink) spans() []span {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []span
+	for _, rs := range s.traces {
+		res := attrs(rs.GetResource().GetAttributes())
+		for _, ss := range rs.ScopeSpans {
+			for _, sp := range ss.Spans {
+				out = append(out, span{sp, res})
+			}
+		}
+	}
+	return out
+}
+
+// lastSums returns the last exported value of an int counter by one attribute's value.
+func (s *otlpSink) lastSums(name, key string) map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out, at := map[string]int64{}, map[string]uint64{}
+	for _, rm := range s.metrics {
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != name || m.GetSum() == nil {
+					continue
+				}
+				for _, dp := range m.GetSum().DataPoints {
+					k := attrs(dp.Attributes)[key]
+					if dp.TimeUnixNano >= at[k] {
+						out[k], at[k] = dp.GetAsInt(), dp.TimeUnixNano
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// lastHistogramCounts returns the last exported count of a histogram by one attribute's value.
+func (s *otlpSink) lastHistogramCounts(name, key string) map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out, at := map[string]uint64{}, map[string]uint64{}
+	for _, rm := range s.metrics {
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != name || m.GetHistogram() == nil {
+					continue
+				}
+				for _, dp := range m.GetHistogram().DataPoints {
+					k := attrs(dp.Attributes)[key]
+					var sum uint64
+					for _, c := range dp.BucketCounts {
+						sum += c
+					}
+					if sum != dp.Count {
+						panic(fmt.Sprintf("histogram %s{%s}: buckets add up to %d, count %d", name, k, sum, dp.Count))
+					}
+					if dp.TimeUnixNano >= at[k] {
+						out[k], at[k] = dp.Count, dp.TimeUnixNano
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// summaryFaults parses the summary's fault-service counts by source.
+func summaryFaults(t *testing.T, out string) map[string]int64 {
+	t.Helper()
+	i := strings.Index(out, "farmem: fault service")
+	if i < 0 {
+		t.Fatalf("no fault service line in the summary")
+	}
+	line := out[i:]
+	line = line[:strings.IndexByte(line, '\n')]
+	got := map[string]int64{}
+	for _, m := range mustCompile(`; (zero|backend|wp|cache) ([0-9]+) p50`).FindAllStringSubmatch(line, -1) {
+		n, _ := strconv.ParseInt(m[2], 10, 64)
+		name := m[1]
+		if name == "cache" {
+			name = "prefetch-cache" // what the metrics call it
+		}
+		got[name] = n
+	}
+	return got
+}
+
+// runMicro runs micro under farmem at a 16 MiB cap with extra flags and environment; it fails
+// the test unless every page verified.
+func runMicro(t *testing.T, env []string, flags ...string) string {
+	t.Helper()
+	args := append([]string{"run", "--local-mem", "16MiB"}, flags...)
+	args = append(args, "--", filepath.Join(binDir, "micro"), "--mib", "40", "--pattern", "seq", "--passes", "2")
+	cmd := exec.Command(farmemBin(t), args...)
+	cmd.Env = append(cleanEnv(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	t.Logf("farmem %s:\n%s", strings.Join(flags, " "), lastLines(out.String(), 8))
+	if err != nil || !strings.Contains(out.String(), "micro: OK bad=0") {
+		t.Fatalf("micro under farmem failed: %v", err)
+	}
+	return out.String()
+}
+
+// cleanEnv is the test's environment without OTEL_* variables, so a developer's shell cannot
+// point a test's run at another collector.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OTEL_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(len(l)-n, 0):], "\n")
+}
+
+// checkFaultSpans asserts that the sink holds fault spans as documented: attributes, and the
+// stages as child spans of the same trace; backend faults with a backend fetch child.
+func checkFaultSpans(t *testing.T, s *otlpSink, service string, wantEvictions bool) {
+	t.Helper()
+	spans := s.spans()
+	byID := map[string]span{}
+	children := map[string][]span{}
+	for _, sp := range spans {
+		byID[string(sp.SpanId)] = sp
+		if len(sp.ParentSpanId) > 0 {
+			children[string(sp.ParentSpanId)] = append(children[string(sp.ParentSpanId)], sp)
+		}
+	}
+	var faults, backend, evictions int
+	kinds, sources := map[string]int{}, map[string]int{}
+	for _, sp := range spans {
+		if sp.res["service.name"] != service {
+			t.Fatalf("span %q has service.name %q, want %q", sp.Name, sp.res["service.name"], service)
+		}
+		switch sp.Name {
+		case "eviction batch":
+			evictions++
+			continue
+		case "page fault":
+		default:
+			continue
+		}
+		faults++
+		a := attrs(sp.Attributes)
+		pid, _ := strconv.Atoi(a["process.pid"])
+		if pid <= 0 || a["process.pid"] == sp.res["farmem.pid"] {
+			t.Fatalf("fault span: process.pid %q is not the program's (farmem is %s)", a["process.pid"], sp.res["farmem.pid"])
+		}
+		addr, err := strconv.ParseUint(strings.TrimPrefix(a["farmem.page.address"], "0x"), 16, 64)
+		if err != nil || addr == 0 || addr%4096 != 0 {
+			t.Fatalf("fault span: farmem.page.address %q is not a page address", a["farmem.page.address"])
+		}
+		kinds[a["farmem.fault.kind"]]++
+		sources[a["farmem.fault.source"]]++
+		if sp.EndTimeUnixNano < sp.StartTimeUnixNano || sp.StartTimeUnixNano == 0 {
+			t.Fatalf("fault span runs from %d to %d", sp.StartTimeUnixNano, sp.EndTimeUnixNano)
+		}
+		stages := map[string]span{}
+		for _, c := range children[string(sp.SpanId)] {
+			if !bytes.Equal(c.TraceId, sp.TraceId) {
+				t.Fatalf("stage %q is in another trace than its fault", c.Name)
+			}
+			stages[c.Name] = c
+		}
+		for _, st := range []string{"queue wait", "lookup"} {
+			if _, ok := stages[st]; !ok {
+				t.Fatalf("fault span (source %s) has no %q stage; it has %v", a["farmem.fault.source"], st, keys(stages))
+			}
+		}
+		_, install := stages["install"]
+		_, wake := stages["wake"]
+		if !install && !wake && a["farmem.fault.source"] != "wp" { // a write to a page being evicted is woken by its batch
+			t.Fatalf("fault span (source %s) has neither install nor wake stage: %v", a["farmem.fault.source"], keys(stages))
+		}
+		if a["farmem.fault.source"] == "backend" {
+			f, ok := stages["backend fetch"]
+			if !ok {
+				t.Fatalf("backend fault span has no backend fetch stage: %v", keys(stages))
+			}
+			fa := attrs(f.Attributes)
+			if fa["farmem.bytes"] != "4096" || fa["farmem.transport"] == "" {
+				t.Fatalf("backend fetch attributes %v: want farmem.bytes 4096 and a transport", fa)
+			}
+			backend++
+		}
+	}
+	t.Logf("%d spans: %d faults (kinds %v, sources %v), %d with a backend fetch, %d eviction batches", len(spans), faults, kinds, sources, backend, evictions)
+	if backend == 0 || (wantEvictions && evictions == 0) {
+		t.Fatalf("want fault spans with a backend fetch and eviction batch spans: %d and %d", backend, evictions)
+	}
+	for k := range kinds {
+		if k != "read" && k != "write" && k != "wp" {
+			t.Fatalf("fault kind %q", k)
+		}
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Every fault traced (--trace-sample 1) over OTLP/gRPC: fault spans with their attributes and
+// stages, eviction batches, Leap's prefetch batches as children of their fault; and the
+// exported fault counts and latency histogram equal the run's summary.
+func TestOTLPGRPCTracesAndMetrics(t *testing.T) {
+	addr, sink := startGRPCSink(t)
+	out := runMicro(t, nil, "--otlp", addr, "--trace-sample", "1", "--prefetch", "leap")
+	checkFaultSpans(t, sink, "farmem", true)
+	var pf int
+	for _, sp := range sink.spans() {
+		if sp.Name == "prefetch batch" && len(sp.ParentSpanId) > 0 {
+			pf++
+		}
+	}
+	if pf == 0 {
+		t.Fatalf("no prefetch batch span under a fault (leap on a sequential walk)")
+	}
+	want := summaryFaults(t, out)
+	got := sink.lastSums("farmem.faults", "source")
+	hist := sink.lastHistogramCounts("farmem.fault.latency", "source")
+	t.Logf("summary %v; farmem.faults %v; farmem.fault.latency counts %v", want, got, hist)
+	if want["backend"] == 0 {
+		t.Fatalf("the run served no backend fault: the test does not page")
+	}
+	for _, src := range []string{"zero", "backend", "wp", "prefetch-cache"} {
+		if got[src] != want[src] || int64(hist[src]) != want[src] {
+			t.Errorf("source %s: summary %d, farmem.faults %d, farmem.fault.latency count %d", src, want[src], got[src], hist[src])
+		}
+	}
+	ev := sink.lastSums("farmem.evictions", "outcome")
+	m := mustCompile(`evicted: written ([0-9]+), clean dropped ([0-9]+)`).FindStringSubmatch(out)
+	if m == nil || strconv.FormatInt(ev["written"], 10) != m[1] || strconv.FormatInt(ev["clean_dropped"], 10) != m[2] {
+		t.Errorf("farmem.evictions %v, summary %v", ev, m)
+	}
+}
+
+// OTLP/HTTP, by flags and by the standard environment (endpoint, protocol, headers, service
+// name, resource attributes); and OTEL_EXPORTER_OTLP_ENDPOINT alone (gRPC, the default).
+func TestOTLPHTTPAndEnvironment(t *testing.T) {
+	t.Run("http-flags", func(t *testing.T) {
+		addr, sink := startHTTPSink(t)
+		runMicro(t, nil, "--otlp", addr, "--otlp-protocol", "http/protobuf", "--trace-sample", "0.2", "--quiet")
+		checkFaultSpans(t, sink, "farmem", true)
+		if len(sink.lastSums("farmem.faults", "source")) == 0 {
+			t.Fatalf("no farmem.faults metric over OTLP/HTTP")
+		}
+	})
+	t.Run("http-env", func(t *testing.T) {
+		addr, sink := startHTTPSink(t)
+		runMicro(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + addr, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+			"OTEL_EXPORTER_OTLP_HEADERS=x-farmem-test=yes", "OTEL_SERVICE_NAME=farmem-ci",
+			"OTEL_RESOURCE_ATTRIBUTES=deployment.environment=ci"}, "--trace-sample", "0.2", "--quiet")
+		checkFaultSpans(t, sink, "farmem-ci", true)
+		if sp := sink.spans(); sp[0].res["deployment.environment"] != "ci" {
+			t.Fatalf("OTEL_RESOURCE_ATTRIBUTES not honoured: resource %v", sp[0].res)
+		}
+		sink.mu.Lock()
+		h := sink.headers[0].Get("X-Farmem-Test")
+		sink.mu.Unlock()
+		if h != "yes" {
+			t.Fatalf("OTEL_EXPORTER_OTLP_HEADERS not sent")
+		}
+	})
+	t.Run("endpoint-env-alone", func(t *testing.T) {
+		addr, sink := startGRPCSink(t)
+		runMicro(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + addr}, "--quiet")
+		// The default sampling (1 %) and every fault over --trace-slow's 100us: some faults.
+		checkFaultSpans(t, sink, "farmem", false)
+	})
+}
+
+// --metrics-addr serves the fault latency histogram while the program runs.
+func TestMetricsAddrScrape(t *testing.T) {
+	port := freePort(t)
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port), "--quiet", "--",
+		filepath.Join(binDir, "micro"), "--mib", "40", "--pattern", "random", "--passes", "3")
+	cmd.Env = cleanEnv()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	re := mustCompile(`(?m)^farmem_fault_latency_seconds_count\{[^}]*source="backend"[^}]*\} ([0-9]+)`)
+	var page string
+	for {
+		select {
+		case err := <-done:
+			t.Fatalf("farmem exited (%v) before /metrics showed backend faults; last scrape:\n%s\n%s", err, page, out.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", port))
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		page = string(b)
+		if m := re.FindStringSubmatch(page); m != nil && m[1] != "0" {
+			for _, want := range []string{`farmem_fault_latency_seconds_bucket{`, `le="0.0001"`, `farmem_faults_total{`, `farmem_evictions_total{`, `farmem_resident_pages`, `farmem_cap_pages`} {
+				if !strings.Contains(page, want) {
+					t.Fatalf("/metrics has no %s:\n%s", want, page)
+				}
+			}
+			t.Logf("backend faults so far: %s", m[1])
+			break
+		}
+	}
+	if err := <-done; err != nil || !strings.Contains(out.String(), "micro: OK bad=0") {
+		t.Fatalf("micro under farmem failed: %v\n%s", err, out.String())
+	}
+}
+
+// Bad telemetry input is a one-line usage error (status 2, nothing started); an endpoint that
+// does not answer is warned about once and the program runs to the end.
+func TestTelemetryBadInput(t *testing.T) {
+	micro := filepath.Join(binDir, "micro")
+	for _, c := range []struct {
+		args []string
+		env  []string
+		want string
+	}{
+		{[]string{"--otlp", "127.0.0.1:4317", "--otlp-protocol", "thrift"}, nil, `OTLP protocol "thrift": give grpc or http/protobuf`},
+		{nil, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL=http/json"}, `OTLP protocol "http/json"`},
+		{[]string{"--trace-sample", "1.5"}, nil, "--trace-sample 1.5: give a ratio from 0 to 1"},
+		{[]string{"--trace-sample", "most"}, nil, `--trace-sample "most": give a ratio from 0 to 1`},
+		{[]string{"--trace-slow", "fast"}, nil, `--trace-slow "fast": give a duration`},
+		{[]string{"--stats", "0s"}, nil, `--stats "0s": give an interval`},
+		{[]string{"--otlp", "localhost"}, nil, `--otlp "localhost": give HOST:PORT`},
+		{[]string{"--metrics-addr", "9464"}, nil, `--metrics-addr "9464": give HOST:PORT`},
+	} {
+		cmd := exec.Command(farmemBin(t), append(append([]string{"run", "--local-mem", "16MiB"}, c.args...), "--", micro, "--mib", "1")...)
+		cmd.Env = append(cleanEnv(), c.env...)
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), c.want) || strings.Contains(string(out), "micro:") {
+			t.Errorf("%v %v: exit %v, output %q; want status 2 and %q, program not started", c.args, c.env, err, out, c.want)
+		}
+	}
+	// A port already taken for --metrics-addr fails before the program starts.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--metrics-addr", ln.Addr().String(), "--", micro, "--mib", "1").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--metrics-addr "+ln.Addr().String()) {
+		t.Errorf("--metrics-addr on a taken port: %v %q", err, out)
+	}
+	// Nothing listens on the endpoint: the run completes and says so once.
+	for _, proto := range []string{"grpc", "http/protobuf"} {
+		dead := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		out := runMicro(t, nil, "--otlp", dead, "--otlp-protocol", proto, "--trace-sample", "1")
+		if n := strings.Count(out, "farmem: telemetry:"); n != 1 {
+			t.Errorf("%s endpoint %s down: %d telemetry warnings, want exactly 1:\n%s", proto, dead, n, out)
+		}
+		if !strings.Contains(out, "farmem: fault service") {
+			t.Errorf("no summary after a run whose collector was down")
+		}
+	}
+}
