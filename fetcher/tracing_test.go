@@ -1,0 +1,79 @@
+package fetcher
+
+import (
+	"testing"
+	"time"
+)
+
+type countTracer struct{ faults, prefetches int }
+
+func (c *countTracer) Fault(*FaultRecord)       { c.faults++ }
+func (c *countTracer) Prefetch(*PrefetchRecord) { c.prefetches++ }
+
+// The fault path's tracing side: an unsampled fast fault allocates nothing and never reaches
+// the tracer; a slow one always does; the head sampler keeps about the ratio asked for.
+func TestTraceFaultSampling(t *testing.T) {
+	tr := &countTracer{}
+	p := &Process{rt: &Runtime{Tracer: tr, TraceSlow: time.Millisecond}}
+	p.clock.on, p.clock.rng = true, 1
+	since := time.Now()
+	fault := func(d time.Duration) {
+		p.clock.reset()
+		p.clock.mark(&p.clock.lookup)
+		p.clock.mark(&p.clock.install)
+		p.traceFault(tr, 0, 0x7f0000001000, FromBackend, since, d)
+	}
+	if a := testing.AllocsPerRun(1000, func() { fault(time.Microsecond) }); a != 0 {
+		t.Fatalf("an unsampled fault allocates %.1f times", a)
+	}
+	if tr.faults != 0 {
+		t.Fatalf("sampling off, no fault slow: %d faults traced", tr.faults)
+	}
+	for range 100 {
+		fault(2 * time.Millisecond)
+	}
+	if tr.faults != 100 {
+		t.Fatalf("%d of 100 faults over TraceSlow traced", tr.faults)
+	}
+	tr.faults = 0
+	p.rt.TraceSample = SampleThreshold(0.01)
+	const n = 200000
+	for range n {
+		fault(time.Microsecond)
+	}
+	if tr.faults < n/100*8/10 || tr.faults > n/100*12/10 {
+		t.Fatalf("ratio 0.01 traced %d of %d faults", tr.faults, n)
+	}
+	tr.faults = 0
+	p.rt.TraceSample = SampleThreshold(1)
+	for range 1000 {
+		fault(time.Microsecond)
+	}
+	if tr.faults != 1000 {
+		t.Fatalf("ratio 1 traced %d of 1000 faults", tr.faults)
+	}
+}
+
+// A record's stages are offsets from the read, in order, and stages not taken stay 0.
+func TestTraceFaultRecord(t *testing.T) {
+	var got FaultRecord
+	tr := tracerFunc(func(r *FaultRecord) { got = *r })
+	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1)}}
+	p.clock.on, p.clock.rng = true, 1
+	since := time.Now()
+	p.clock.reset()
+	p.clock.mark(&p.clock.lookup)
+	p.clock.mark(&p.clock.install)
+	p.traceFault(tr, 1 /* write */, 0x2000, FromZero, since, time.Since(since))
+	if !got.Head || got.Addr != 0x2000 || got.Kind != KindWrite || got.Source != FromZero {
+		t.Fatalf("record %+v", got)
+	}
+	if got.Begin <= 0 || got.Lookup < got.Begin || got.Install < got.Lookup || got.Fetch != 0 || got.Wake != 0 {
+		t.Fatalf("stages begin %v lookup %v fetch %v install %v wake %v", got.Begin, got.Lookup, got.Fetch, got.Install, got.Wake)
+	}
+}
+
+type tracerFunc func(*FaultRecord)
+
+func (f tracerFunc) Fault(r *FaultRecord)   { f(r) }
+func (tracerFunc) Prefetch(*PrefetchRecord) {}
