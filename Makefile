@@ -12,7 +12,7 @@ shim: $(SHIM)
 $(SHIM): launcher/shim/shim.c
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
 
-workloads: bin/torture bin/micro bin/pagerank bin/redisdrive
+workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive
 bin/torture: workloads/torture/torture.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -pthread -o $@ $<
@@ -26,6 +26,10 @@ bin/pagerank: workloads/graph/pagerank.c
 bin/redisdrive:
 	@mkdir -p bin
 	$(GO) build -o $@ ./workloads/bench/redisdrive
+.PHONY: bin/memcachedrive
+bin/memcachedrive:
+	@mkdir -p bin
+	$(GO) build -o $@ ./workloads/bench/memcachedrive
 
 test: build
 	$(GO) vet ./...
@@ -61,10 +65,10 @@ bench-smoke: build bin/bench-fabric
 bench-swap: build bin/farmem-bench
 	bin/farmem-bench $(FLAGS)
 	@$(MAKE) --no-print-directory swap-check
-# The CI-sized swap run: one round, 32 MiB micro random and a small redis, one cap, zram only
+# The CI-sized swap run: one round, 32 MiB micro random, a small redis and memcached, one cap, zram only
 # (under a minute). It fails if the swap setup fails, and checks nothing was left on.
 bench-swap-smoke: build bin/farmem-bench
-	ROUNDS=1 bin/farmem-bench -workloads micro-random,redis-etc -caps 50 -configs farmem,swap-zram -nopaging 0 -scale 0.5 -out /tmp/farmem-bench-swap-smoke
+	ROUNDS=1 bin/farmem-bench -workloads micro-random,redis-etc,memcached-etc -caps 50 -configs farmem,swap-zram -nopaging 0 -scale 0.5 -out /tmp/farmem-bench-swap-smoke
 	@$(MAKE) --no-print-directory swap-check
 bin/farmem-bench:
 	@mkdir -p bin

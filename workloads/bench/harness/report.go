@@ -133,7 +133,11 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		strings.TrimSpace(cmd), f.started.Format("2006-01-02 15:04 UTC"), f.took.Seconds())
 	p("Machine: %d cores (%s), %d GiB, Linux %s; farmem %s; Go %s.\n", runtime.NumCPU(), f.cpu, f.memGiB, f.kernel, f.commit, runtime.Version())
 	p("Load average at the start: %s (%s); at the end: %s (%s).\n", f.loadStart, f.busyStart, f.loadEnd, f.busyEnd)
-	p("\nEvery row is the median of %d rounds; the rounds were interleaved (each round runs every workload in every configuration once), so machine drift hits every configuration alike.\n", rounds)
+	p("\nEvery row is the median of %d rounds", h.rounds)
+	if h.rounds < rounds {
+		p(" (%d were asked for; the run stopped at its time budget, -budget %v)", rounds, h.budget)
+	}
+	p("; the rounds were interleaved (each round runs every workload in every configuration once), so machine drift hits every configuration alike.\n")
 	p("\n## How each configuration runs\n\n")
 	p("- **native**: the program alone, no cap.\n")
 	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (none); **farmem-leap** adds `--prefetch leap` (map mode). Memory servers over tcp/shm are not in this landing.\n")
@@ -146,15 +150,16 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	for _, w := range wls {
 		r := h.refs[w.name]
 		c := "`" + strings.Join(w.args, " ") + "`"
-		if w.server {
-			c = fmt.Sprintf("`redis-server --save \"\" --appendonly no` driven by `bin/redisdrive --keys %d --ops %d --get-ratio %g` (1000 B values, zipfian 0.99: populate, the zipfian phase, a GET of every key)", w.keys, w.ops, w.getRatio)
+		if w.server != "" {
+			c = fmt.Sprintf("`%s` driven by `bin/%s --keys %d --ops %d --get-ratio %g` (1000 B values, zipfian 0.99: populate, the zipfian phase, a get of every key)",
+				strings.ReplaceAll(strings.Join(serverArgs(w, 0), " "), " 0 ", " PORT "), driverName(w), w.keys, w.ops, w.getRatio)
 		}
 		if w.name == "pagerank" {
 			c += " (checksum " + r.checksum + ")"
 		}
 		p("| %s | %s | %d | %.1f | %.2f | %s |\n", w.title, c, r.peakMiB, float64(r.overhead)/(1<<20), r.nativeSec, w.metric)
 	}
-	p("\nThe footprints are small (tens of MiB, not GiB): with 4 caps x 4 configurations, 3 rounds and swap runs that take tens of seconds, GiB-scale runs do not fit this machine's ~25-minute budget. Larger runs: `-scale`.\n")
+	p("\nThe footprints are small (about 64 MiB, not GiB): with 4 caps x 4 configurations plus native and no-paging, 3 rounds, and paging runs 10-100x slower than native, GiB-scale runs do not fit this machine's ~25-minute budget. Larger runs: `-scale` (`make bench-swap FLAGS=\"-scale 8\"`).\n")
 
 	// Headline: x native per cap, and farmem over swap.
 	nat := map[string]stat{}
@@ -165,7 +170,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		return config{kind: kind, prefetch: pf, swap: sw, pct: pct}
 	}
 	p("\n## Headline: throughput x native (medians)\n\n")
-	p("| workload | cap | farmem | farmem-leap | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |\n|---|---|---|---|---|---|---|---|\n")
+	p("| workload | cap | cap MiB | farmem | farmem-leap | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range wls {
 		n := nat[w.name]
 		for _, pct := range pcts {
@@ -196,7 +201,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				}
 				return ratio(fb, s.tput)
 			}
-			p("| %s | %d %% | %s | %s | %s | %s | %s | %s |\n", w.title, pct, cell(find("farmem", "", "", pct)), cell(find("farmem", "leap", "", pct)),
+			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |\n", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "leap", "", pct)),
 				cell(find("swap", "", "zram", pct)), cell(find("swap", "", "file", pct)), vs("zram"), vs("file"))
 		}
 	}
@@ -210,15 +215,15 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	for _, w := range wls {
 		n := nat[w.name]
 		p("\n## %s\n\nNative: %.0f %s, %.2f s", w.title, n.tput, w.metric, n.wall)
-		if w.server {
+		if w.server != "" {
 			p(", request latency p50 %.0f µs / p99 %.0f µs", n.p50, n.p99)
 		}
 		p(".\n\n| config | cap %% | cap MiB | cgroup limit MiB | throughput | x native | wall s |")
-		if w.server {
+		if w.server != "" {
 			p(" p50 µs | p99 µs |")
 		}
 		p(" faults | MiB in | MiB out | timed out |\n|---|---|---|---|---|---|---|")
-		if w.server {
+		if w.server != "" {
 			p("---|---|")
 		}
 		p("---|---|---|---|\n")
@@ -236,7 +241,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				cp, cm = strconv.Itoa(c.pct), strconv.Itoa(s.capMiB)
 			}
 			p("| %s | %s | %s | %s | %.0f | %s | %.2f |", c.name(), cp, cm, lim, s.tput, ratio(s.tput, n.tput), s.wall)
-			if w.server {
+			if w.server != "" {
 				p(" %.0f | %.0f |", s.p50, s.p99)
 			}
 			p(" %.0f | %.1f | %.1f | %d of %d |\n", s.faults, s.inMiB, s.outMiB, s.timeouts, s.n)
@@ -251,7 +256,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	}
 	if plots {
 		for _, w := range wls {
-			if err := plotWorkload(filepath.Join(out, "swap-"+w.name+".png"), w, cfgs, pcts, rs, nat[w.name]); err != nil {
+			if err := plotWorkload(filepath.Join(out, "swap-"+w.name+".png"), w, cfgs, h.refs[w.name].peakMiB, rs, nat[w.name]); err != nil {
 				return fmt.Errorf("plot %s: %w", w.name, err)
 			}
 		}
@@ -282,10 +287,10 @@ func writeCSV(path string, rs []result) error {
 
 // plotWorkload draws throughput (x native, log scale: swap to a file can be 100x slower) against
 // local memory %, a line per configuration and native as the line at 1.
-func plotWorkload(path string, w workload, cfgs []config, pcts []int, rs []result, nat stat) error {
+func plotWorkload(path string, w workload, cfgs []config, peakMiB int, rs []result, nat stat) error {
 	pl := plot.New()
 	pl.Title.Text = w.title + ": throughput vs local memory"
-	pl.X.Label.Text = "local memory, % of native peak"
+	pl.X.Label.Text = "local memory (the cap), % of the native peak RSS"
 	pl.Y.Label.Text = "throughput x native (log)"
 	pl.Y.Scale = plot.LogScale{}
 	pl.Y.Tick.Marker = plot.LogTicks{Prec: -1}
@@ -299,6 +304,7 @@ func plotWorkload(path string, w workload, cfgs []config, pcts []int, rs []resul
 	}
 	seen := map[string]bool{}
 	lo, hi := 1.0, 1.0
+	minX, maxX := 100.0, 0.0
 	for i, c0 := range cfgs {
 		name := c0.name()
 		if seen[name] {
@@ -317,7 +323,10 @@ func plotWorkload(path string, w workload, cfgs []config, pcts []int, rs []resul
 			// A timed-out median (0) cannot go on a log axis: drawn at the floor instead.
 			y := math.Max(s.tput/nat.tput, 1e-3)
 			lo, hi = math.Min(lo, y), math.Max(hi, y)
-			pts = append(pts, plotter.XY{X: float64(c.pct), Y: y})
+			// The cap actually given (16 MiB at least), not the nominal %.
+			x := 100 * float64(s.capMiB) / float64(peakMiB)
+			minX, maxX = math.Min(minX, x), math.Max(maxX, x)
+			pts = append(pts, plotter.XY{X: x, Y: y})
 		}
 		if len(pts) == 0 {
 			continue
@@ -335,10 +344,6 @@ func plotWorkload(path string, w workload, cfgs []config, pcts []int, rs []resul
 		sc.Shape = draw.CircleGlyph{}
 		pl.Add(l, sc)
 		pl.Legend.Add(name, l, sc)
-	}
-	minX, maxX := 100.0, 0.0
-	for _, p := range pcts {
-		minX, maxX = math.Min(minX, float64(p)), math.Max(maxX, float64(p))
 	}
 	nl, err := plotter.NewLine(plotter.XYs{{X: minX, Y: 1}, {X: maxX, Y: 1}})
 	if err != nil {
