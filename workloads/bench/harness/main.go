@@ -48,6 +48,7 @@ type workload struct {
 type config struct {
 	kind     string // native, farmem, swap
 	prefetch string // farmem: the --prefetch value ("" = farmem's default)
+	remote   string // farmem: "" (the embedded store), or tcp or shm (a memory server on this host)
 	swap     string // swap: zram or file
 	pct      int    // cap as % of the native peak (0 for native)
 }
@@ -57,10 +58,14 @@ func (c config) name() string {
 	case "native":
 		return "native"
 	case "farmem":
-		if c.prefetch == "" {
-			return "farmem"
+		n := "farmem"
+		if c.remote != "" {
+			n += "-" + c.remote
 		}
-		return "farmem-" + c.prefetch
+		if c.prefetch != "" {
+			n += "-" + c.prefetch
+		}
+		return n
 	}
 	return "swap-" + c.swap
 }
@@ -105,14 +110,15 @@ type harness struct {
 	swapUsed bool
 	log      *os.File
 	budget   time.Duration
-	rounds   int // the rounds that ran
+	rounds   int      // the rounds that ran
+	cluster  *cluster // the ctrl and memory server of the farmem-tcp/-shm configurations
 }
 
 func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,memcached-etc,micro-random,micro-seq,pagerank", "workloads: redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, pagerank")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-leap,swap-zram,swap-file", "configurations run at every cap (native always runs): farmem, farmem-leap, swap-zram, swap-file")
+	cfgs := flag.String("configs", "farmem,farmem-leap,swap-zram,swap-file", "configurations run at every cap (native always runs): farmem, farmem-leap (or -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
 	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
@@ -128,6 +134,7 @@ func main() {
 	defer stop()
 	h := &harness{ctx: ctx, timeout: *timeout, refs: map[string]*ref{}, budget: *budget}
 	err := h.main(*rounds, split(*wls), split(*caps), split(*cfgs), *nopaging, *scale, *out, *plots)
+	h.cluster.stop()
 	// Swap and cgroups change the machine: always undo them, whatever happened.
 	if h.swapUsed {
 		if terr := swapOff(); terr != nil {
@@ -218,6 +225,13 @@ func configs(names, caps []string) ([]config, []int, error) {
 				r = append(r, config{kind: "farmem", pct: p})
 			case "farmem-leap", "farmem-readahead", "farmem-stride", "farmem-nextn", "farmem-none":
 				r = append(r, config{kind: "farmem", prefetch: strings.TrimPrefix(n, "farmem-"), pct: p})
+			case "farmem-tcp", "farmem-shm", "farmem-tcp-leap", "farmem-shm-leap":
+				f := strings.Split(n, "-")
+				c := config{kind: "farmem", remote: f[1], pct: p}
+				if len(f) == 3 {
+					c.prefetch = f[2]
+				}
+				r = append(r, c)
 			case "swap-zram", "swap-file":
 				r = append(r, config{kind: "swap", swap: strings.TrimPrefix(n, "swap-"), pct: p})
 			default:
@@ -268,6 +282,11 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 	for _, c := range cfgs {
 		if c.kind == "swap" {
 			h.swapUsed = true
+		}
+		if c.remote != "" && h.cluster == nil {
+			if h.cluster, err = startCluster(h.work); err != nil {
+				return err
+			}
 		}
 	}
 	if h.swapUsed {
@@ -398,6 +417,12 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 	case "farmem":
 		res.capMiB = h.capMiB(w, c.pct)
 		prefix = []string{farmemBin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB)}
+		if c.remote != "" {
+			prefix = append(prefix, "--ctrl", h.cluster.ctrl, "--token-file", h.cluster.token)
+			if c.remote == "shm" {
+				prefix = append(prefix, "--transport", "shm", "--shm", h.cluster.shm)
+			}
+		}
 		if c.prefetch != "" {
 			prefix = append(prefix, "--prefetch", c.prefetch)
 		}
