@@ -86,6 +86,7 @@ type result struct {
 	timeout  bool
 	fsP50    float64 // farmem: its backend fault-service latency, µs (its summary's)
 	fsP99    float64
+	peakB    int64 // farmem: the peak anonymous RSS it measured; swap: the cgroup's max usage
 }
 
 // ref is what the workload's native reference run measured.
@@ -98,6 +99,7 @@ type ref struct {
 }
 
 var (
+	commit     string
 	swapScript = "workloads/swap/linux-swap.sh"
 	farmemBin  = "bin/farmem"
 )
@@ -123,6 +125,7 @@ func main() {
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
 	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
 	plots := flag.Bool("plots", true, "write PNG plots")
+	flag.StringVar(&commit, "commit", "", "the farmem commit to name in the report (default: git rev-parse HEAD here)")
 	nopaging := flag.Int("nopaging", 150, "also run farmem at this % of the peak, where it should not page (0: not)")
 	budget := flag.Duration("budget", 0, "start no round that would end after this long (0: no limit); the report says how many rounds ran")
 	flag.Parse()
@@ -454,6 +457,7 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 			err = serr
 		}
 		res.faults = uint64(st["pgmajfault"])
+		res.peakB = st["max_usage_bytes"]
 		res.inB = (vm1["pswpin"] - vm0["pswpin"]) * 4096
 		res.outB = (vm1["pswpout"] - vm0["pswpout"]) * 4096
 		if st["oom_kills"] > 0 && err == nil {
@@ -480,6 +484,16 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		if m := regexp.MustCompile(`evicted: written (\d+),`).FindStringSubmatch(out); m != nil {
 			n, _ := strconv.ParseUint(m[1], 10, 64)
 			res.outB = n * 4096
+		}
+		// Newer farmem summaries say what moved, prefetches included, and the peak RSS.
+		if m := regexp.MustCompile(`moved: in ([0-9.]+) MiB .* out ([0-9.]+) MiB`).FindStringSubmatch(out); m != nil {
+			a, _ := strconv.ParseFloat(m[1], 64)
+			b, _ := strconv.ParseFloat(m[2], 64)
+			res.inB, res.outB = uint64(a*(1<<20)), uint64(b*(1<<20))
+		}
+		if m := regexp.MustCompile(`peak anonymous RSS (\d+) MiB`).FindStringSubmatch(out); m != nil {
+			v, _ := strconv.ParseInt(m[1], 10, 64)
+			res.peakB = v << 20
 		}
 		if m := regexp.MustCompile(`fault service;.* backend \d+ p50 (\S+) p99 ([^;\s]+)`).FindStringSubmatch(out); m != nil {
 			a, _ := time.ParseDuration(m[1])

@@ -66,8 +66,12 @@ func machineFacts() *facts {
 		fmt.Sscanf(string(b), "MemTotal: %f kB", &kb)
 		f.memGiB = int(kb/(1<<20) + 0.5)
 	}
-	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+	f.commit = commit
+	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil && f.commit == "" {
 		f.commit = strings.TrimSpace(string(out))
+		if out, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); len(out) > 0 {
+			f.commit += " with uncommitted changes"
+		}
 	}
 	return f
 }
@@ -83,12 +87,13 @@ type stat struct {
 	tput, wall, p50, p99  float64
 	faults, inMiB, outMiB float64
 	fsP50, fsP99          float64
+	peakMiB               float64
 	capMiB                int
 	limitMiB              float64
 }
 
 func summarize(rs []result, wl string, c config) (s stat, ok bool) {
-	var tp, wa, p5, p9, fa, in, out, f5, f9 []float64
+	var tp, wa, p5, p9, fa, in, out, f5, f9, pk []float64
 	for _, r := range rs {
 		if r.wl != wl || r.cfg != c {
 			continue
@@ -104,7 +109,9 @@ func summarize(rs []result, wl string, c config) (s stat, ok bool) {
 		fa = append(fa, float64(r.faults))
 		in, out = append(in, float64(r.inB)/(1<<20)), append(out, float64(r.outB)/(1<<20))
 		f5, f9 = append(f5, r.fsP50), append(f9, r.fsP99)
+		pk = append(pk, float64(r.peakB)/(1<<20))
 	}
+	s.peakMiB = median(pk)
 	s.fsP50, s.fsP99 = median(f5), median(f9)
 	if s.n == 0 {
 		return s, false
@@ -120,6 +127,9 @@ func ratio(a, b float64) string {
 		return "∞ (other timed out)"
 	case b == 0 || math.IsNaN(a) || math.IsNaN(b):
 		return "-"
+	}
+	if a/b < 0.1 {
+		return fmt.Sprintf("%.3f", a/b) // paging micro walks run at 1/100 of native and below
 	}
 	return fmt.Sprintf("%.2f", a/b)
 }
@@ -148,7 +158,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus what the native run's cgroup was charged beyond its peak RSS (`memory.max_usage_in_bytes` - VmHWM, at least 0; the *overhead* column below). At 100 %% both therefore hold the whole native footprint.\n")
 	p("- Guest memory is warmed before every run (one `dd` block of 3x the footprint): first touch of cold guest memory costs ~10 µs/page here.\n")
 	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's checksum must equal the native run's. A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*).\n")
-	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: backend reads and evictions written; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
+	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: its summary's `moved:` line, prefetches included, or backend faults and evictions written x 4 KiB from older farmems; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
 	p("\n## Workloads\n\n| workload | command | peak RSS MiB | cgroup overhead MiB | native s | throughput metric |\n|---|---|---|---|---|---|\n")
 	for _, w := range wls {
 		r := h.refs[w.name]
@@ -226,7 +236,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		if w.server != "" {
 			p(" p50 µs | p99 µs |")
 		}
-		p(" faults | MiB in | MiB out | farmem fault service p50/p99 µs | timed out |\n|---|---|---|---|---|---|---|---|")
+		p(" faults | MiB in | MiB out | peak MiB | farmem fault service p50/p99 µs | timed out |\n|---|---|---|---|---|---|---|---|---|")
 		if w.server != "" {
 			p("---|---|")
 		}
@@ -252,9 +262,14 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			if c.kind == "farmem" && s.faults > 0 {
 				fs = fmt.Sprintf("%.1f / %.0f", s.fsP50, s.fsP99)
 			}
-			p(" %.0f | %.1f | %.1f | %s | %d of %d |\n", s.faults, s.inMiB, s.outMiB, fs, s.timeouts, s.n)
+			pk := "-"
+			if s.peakMiB > 0 {
+				pk = fmt.Sprintf("%.1f", s.peakMiB)
+			}
+			p(" %.0f | %.1f | %.1f | %s | %s | %d of %d |\n", s.faults, s.inMiB, s.outMiB, pk, fs, s.timeouts, s.n)
 		}
 	}
+	p("\nPeak MiB: what held the cap: farmem's measured peak anonymous RSS of the program, or the cgroup's `memory.max_usage_in_bytes`.\n")
 	p("\nfarmem fault service: farmem's own summary of its backend faults (reading the fault to the install's return, waits at the cap included); the kernel gives no such figure for a swap-in, and farmem exports no full distribution yet, so the fault-latency CDF by source is not drawn.\n")
 	p("\nEvery run is in [swap.csv](swap.csv).\n")
 	if err := os.WriteFile(filepath.Join(out, "swap.md"), []byte(b.String()), 0o644); err != nil {
@@ -283,12 +298,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "timed_out", "farmem_fault_p50_us", "farmem_fault_p99_us"})
+	w.Write([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "timed_out", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes"})
 	for _, r := range rs {
 		w.Write([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
 			fmt.Sprintf("%.3f", r.wall), fmt.Sprintf("%.1f", r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
-			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99)})
+			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10)})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
