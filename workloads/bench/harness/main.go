@@ -113,6 +113,7 @@ type harness struct {
 	log      *os.File
 	budget   time.Duration
 	rounds   int      // the rounds that ran
+	partial  bool     // the last of them was cut short by the budget
 	cluster  *cluster // the ctrl and memory server of the farmem-tcp/-shm configurations
 }
 
@@ -316,13 +317,23 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 	total := rounds * len(wls) * (1 + len(cfgs))
 	i := 0
 	for round := 1; round <= rounds; round++ {
+		if h.partial {
+			break
+		}
 		if el := time.Since(start); h.budget > 0 && round > 1 && el+el/time.Duration(round-1) > h.budget {
 			h.progress("stopping after %d of %d rounds: another would end past the %v budget", round-1, rounds, h.budget)
 			break
 		}
 		h.rounds = round
+	runs:
 		for _, w := range wls {
 			for _, c := range append([]config{{kind: "native"}}, cfgs...) {
+				if h.budget > 0 && time.Since(start) > h.budget {
+					// A hard stop too: on a loaded machine one round can outlast the budget.
+					h.partial = true
+					h.progress("stopping in round %d: the %v budget is spent", round, h.budget)
+					break runs
+				}
 				i++
 				res, err := h.run(w, c, round)
 				if err != nil {

@@ -146,9 +146,13 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		strings.TrimSpace(cmd), f.started.Format("2006-01-02 15:04 UTC"), f.took.Seconds())
 	p("Machine: %d cores (%s), %d GiB, Linux %s; farmem %s; Go %s.\n", runtime.NumCPU(), f.cpu, f.memGiB, f.kernel, f.commit, runtime.Version())
 	p("Load average at the start: %s (%s); at the end: %s (%s).\n", f.loadStart, f.busyStart, f.loadEnd, f.busyEnd)
-	p("\nEvery row is the median of %d rounds", h.rounds)
-	if h.rounds < rounds {
-		p(" (%d were asked for; the run stopped at its time budget, -budget %v)", rounds, h.budget)
+	p("\nEvery row is the median of up to %d rounds", h.rounds)
+	if h.rounds < rounds || h.partial {
+		p(" (%d were asked for; the run stopped at its time budget, -budget %v", rounds, h.budget)
+		if h.partial {
+			p(", in round %d, so the configurations after the stop have one run fewer: see the runs column", h.rounds)
+		}
+		p(")")
 	}
 	p("; the rounds were interleaved (each round runs every workload in every configuration once), so machine drift hits every configuration alike.\n")
 	p("\n## How each configuration runs\n\n")
