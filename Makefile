@@ -18,7 +18,7 @@ bin/torture: workloads/torture/torture.c
 	$(CC) -O2 -Wall -pthread -o $@ $<
 bin/micro: workloads/micro/micro.c
 	@mkdir -p bin
-	$(CC) -O2 -Wall -o $@ $<
+	$(CC) -O2 -Wall -o $@ $< -lm
 bin/pagerank: workloads/graph/pagerank.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -o $@ $<

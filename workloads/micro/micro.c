@@ -2,13 +2,16 @@
  * micro.c - page-access micro-benchmark for farmem: touches a footprint in a chosen page order,
  * verifies every page it reads, and prints the access rate.
  *
- *   micro [--mib N] [--pattern seq|random|stride:K|strides:K1,K2] [--passes P] [--seed S]
+ *   micro [--mib N] [--pattern seq|random|stride:K|strides:K1,K2|zipf[:THETA]] [--passes P] [--seed S]
  *
  * Patterns: seq walks the pages in order; random visits a fresh permutation each pass; stride:K
  * walks every K-th page, then again from the next offset (0, K, 2K, ..., 1, K+1, ...), so every
  * page is visited once a pass; strides:K1,K2 is two interleaved streams: the first half of the
  * footprint walked as stride:K1 and the second half as stride:K2, alternating one access from
- * each (the longer stream finishes alone).
+ * each (the longer stream finishes alone); zipf:THETA makes each pass N accesses drawn from YCSB's
+ * zipfian distribution (constant THETA in (0, 1), 0.99 by default) over page popularity ranks,
+ * the ranks spread over the pages by a permutation drawn once, so the same pages stay hot from
+ * pass to pass and some are not visited at all.
  *
  * The footprint is filled once (each page holds its own index and pass number in every 8-byte
  * word), then P passes read-modify-write one word per page in the pattern's order and check the
@@ -20,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <sys/mman.h>
 #include <time.h>
 
@@ -42,10 +46,11 @@ static uint64_t xorshift(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: micro [--mib N] [--pattern seq|random|stride:K|strides:K1,K2] [--passes P] [--seed S]\n"
+	fprintf(stderr, "usage: micro [--mib N] [--pattern seq|random|stride:K|strides:K1,K2|zipf[:THETA]] [--passes P] [--seed S]\n"
 			"  seq: pages in order; random: a new permutation each pass; stride:K: every K-th page,\n"
 			"  then the next offset; strides:K1,K2: the first half as stride:K1 and the second as\n"
-			"  stride:K2, one access from each in turn\n");
+			"  stride:K2, one access from each in turn; zipf:THETA: N accesses a pass drawn from a\n"
+			"  zipfian (YCSB's, THETA in (0, 1), default 0.99) over pages ranked by a fixed permutation\n");
 	exit(2);
 }
 
@@ -53,6 +58,7 @@ int main(int argc, char **argv)
 {
 	size_t mib = 256, passes = 2, stride = 1, stride2 = 0; /* stride2 > 0: strides:stride,stride2 */
 	int random = 0;
+	double theta = 0; /* > 0: zipf:theta */
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!strcmp(argv[i], "--mib") && v) mib = strtoul(v, NULL, 0), i++;
@@ -61,6 +67,12 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--pattern") && v) {
 			if (!strcmp(v, "seq")) stride = 1;
 			else if (!strcmp(v, "random")) random = 1;
+			else if (!strcmp(v, "zipf")) theta = 0.99;
+			else if (!strncmp(v, "zipf:", 5)) {
+				char *end;
+				theta = strtod(v + 5, &end);
+				if (*end || !(theta > 0 && theta < 1)) usage();
+			}
 			else if (!strncmp(v, "stride:", 7) && atoi(v + 7) > 0) stride = atoi(v + 7);
 			else if (!strncmp(v, "strides:", 8)) {
 				char *end;
@@ -106,6 +118,23 @@ int main(int argc, char **argv)
 		for (size_t s = 0; s < stride; s++)
 			for (size_t p = s; p < n; p += stride) order[k++] = p;
 	if (k != n) { fprintf(stderr, "micro: the order has %zu pages, want %zu\n", k, n); return 3; }
+	/* zipf: rank -> page, a seeded shuffle of the identity order just built (kept for the run),
+	 * and YCSB's generator constants (Gray et al.), as workloads/bench/redisdrive has them. */
+	uint32_t *rank2page = NULL;
+	double zetan = 0, alpha = 0, eta = 0, half = 0;
+	if (theta > 0) {
+		rank2page = malloc(n * sizeof *rank2page);
+		if (!rank2page) { perror("malloc"); return 3; }
+		memcpy(rank2page, order, n * sizeof *order);
+		for (size_t i = n - 1; i > 0; i--) {
+			size_t j = xorshift() % (i + 1);
+			uint32_t t = rank2page[i]; rank2page[i] = rank2page[j]; rank2page[j] = t;
+		}
+		for (size_t i = 1; i <= n; i++) zetan += 1 / pow((double)i, theta);
+		alpha = 1 / (1 - theta);
+		half = 1 + pow(0.5, theta);
+		eta = (1 - pow(2.0 / n, 1 - theta)) / (1 - half / zetan);
+	}
 	for (size_t i = 0; i < n; i++) gen[order[i]]++; /* a permutation: every page once a pass */
 	for (size_t p = 0; p < n; p++)
 		if (gen[p] != 1) { fprintf(stderr, "micro: the order visits page %zu %u times\n", p, gen[p]); return 3; }
@@ -116,6 +145,14 @@ int main(int argc, char **argv)
 			for (size_t i = n - 1; i > 0; i--) {
 				size_t j = xorshift() % (i + 1);
 				uint32_t t = order[i]; order[i] = order[j]; order[j] = t;
+			}
+		/* zipf: pages repeat within a pass; the check below holds, since a page's expected
+		 * pass number (gen) is updated at each visit. */
+		if (theta > 0)
+			for (size_t i = 0; i < n; i++) {
+				double u = (xorshift() >> 11) * 0x1.0p-53, uz = u * zetan;
+				size_t r = uz < 1 ? 0 : uz < half ? 1 : (size_t)(n * pow(eta * u - eta + 1, alpha));
+				order[i] = rank2page[r < n ? r : n - 1];
 			}
 		t0 = now();
 		for (size_t i = 0; i < n; i++) {
