@@ -119,7 +119,7 @@ type harness struct {
 
 func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
-	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached and micro-zipf are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank")
+	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf and numpy-matmul are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
 	cfgs := flag.String("configs", "farmem,farmem-leap,swap-zram,swap-file", "configurations run at every cap (native always runs): farmem, farmem-leap (or -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
@@ -200,6 +200,10 @@ func workloads(names []string, s float64) ([]workload, error) {
 			p := strings.TrimPrefix(n, "micro-")
 			r = append(r, workload{name: n, title: "micro " + p, metric: "pages/s (2 passes)",
 				args: []string{"bin/micro", "--mib", strconv.Itoa(micro), "--passes", "2", "--pattern", p}})
+		case "numpy-matmul":
+			// Debian's numpy over its default (reference) BLAS: slow, hence a small N.
+			r = append(r, workload{name: n, title: "numpy matmul", metric: "GFLOP/s (2 multiplications)",
+				args: []string{"/usr/bin/python3", "workloads/numpy/matmul.py", "--mib", strconv.Itoa(scaled(24, s, 4)), "--reps", "2"}})
 		case "pagerank":
 			// 3 iterations, not pagerank's 10: each capped iteration re-reads the whole graph,
 			// and 3 already show the steady state (the throughput counts the iterations only).
@@ -344,7 +348,7 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 				if res.timeout {
 					st = " TIMED OUT"
 				}
-				h.progress("[%d/%d] %s %s %d%% round %d: %.2f s, %.0f %s%s", i, total, w.name, c.name(), c.pct, round, res.wall, res.tput, w.metric, st)
+				h.progress("[%d/%d] %s %s %d%% round %d: %.2f s, %s %s%s", i, total, w.name, c.name(), c.pct, round, res.wall, fmtTput(res.tput), w.metric, st)
 			}
 		}
 	}
@@ -395,10 +399,10 @@ func (h *harness) reference(w workload) error {
 	if res.timeout {
 		return fmt.Errorf("%s natively: took more than 30 minutes", w.name)
 	}
-	if w.name == "pagerank" {
-		m := regexp.MustCompile(`(?m)^pagerank: OK checksum=([0-9a-f]+) `).FindStringSubmatch(out)
+	if w.name == "pagerank" || w.name == "numpy-matmul" {
+		m := regexp.MustCompile(`(?m)^(?:pagerank|matmul): OK (?:n=\d+ )?checksum=([0-9a-f:]+) `).FindStringSubmatch(out)
 		if m == nil {
-			return fmt.Errorf("pagerank natively: no OK checksum line")
+			return fmt.Errorf("%s natively: no OK checksum line", w.name)
 		}
 		r.checksum = m[1]
 	}
@@ -530,6 +534,11 @@ func (h *harness) verify(w workload, out string) error {
 		if !regexp.MustCompile(`(?m)^pagerank: OK checksum=` + h.refs[w.name].checksum + ` `).MatchString(out) {
 			return fmt.Errorf("pagerank: no OK line with the native checksum %s", h.refs[w.name].checksum)
 		}
+	case w.name == "numpy-matmul":
+		// matmul.py checks C against its closed form itself; the checksum must also be native's.
+		if !regexp.MustCompile(`(?m)^matmul: OK n=\d+ checksum=` + h.refs[w.name].checksum + ` `).MatchString(out) {
+			return fmt.Errorf("matmul: no OK line with the native checksum %s", h.refs[w.name].checksum)
+		}
 	}
 	return nil
 }
@@ -569,13 +578,17 @@ func (h *harness) exec(w workload, prefix []string, limit time.Duration) (result
 	// micro: pages over the passes' time; pagerank: edges over the iterations' time.
 	var work, secs float64
 	re := regexp.MustCompile(`(?m)^micro: pass\d+ pages=(\d+) secs=([0-9.]+)`)
-	if w.name == "pagerank" {
-		re = regexp.MustCompile(`(?m)^pagerank: iter\d+ secs=([0-9.]+) edges_per_sec=(\d+)`)
+	rate := false // the match is (secs, rate), not (work, secs)
+	switch w.name {
+	case "pagerank":
+		re, rate = regexp.MustCompile(`(?m)^pagerank: iter\d+ secs=([0-9.]+) edges_per_sec=(\d+)`), true
+	case "numpy-matmul":
+		re, rate = regexp.MustCompile(`(?m)^matmul: rep\d+ secs=([0-9.]+) gflops=([0-9.]+)`), true
 	}
 	for _, m := range re.FindAllStringSubmatch(out, -1) {
 		a, _ := strconv.ParseFloat(m[1], 64)
 		b, _ := strconv.ParseFloat(m[2], 64)
-		if w.name == "pagerank" {
+		if rate {
 			work, secs = work+a*b, secs+a
 		} else {
 			work, secs = work+a, secs+b
@@ -779,4 +792,13 @@ func median(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// fmtTput prints a throughput: whole numbers for rates in the hundreds and up, three significant
+// digits below (GFLOP/s).
+func fmtTput(v float64) string {
+	if v < 100 {
+		return fmt.Sprintf("%.3g", v)
+	}
+	return fmt.Sprintf("%.0f", v)
 }

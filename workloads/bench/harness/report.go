@@ -161,7 +161,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus what the native run's cgroup was charged beyond its peak RSS (`memory.max_usage_in_bytes` - VmHWM, at least 0; the *overhead* column below). At 100 %% both therefore hold the whole native footprint.\n")
 	p("- Guest memory is warmed before every run (one `dd` block of 3x the footprint): first touch of cold guest memory costs ~10 µs/page here.\n")
-	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's checksum must equal the native run's. A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*).\n")
+	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*).\n")
 	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: its summary's `moved:` line, prefetches included, or backend faults and evictions written x 4 KiB from older farmems; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
 	p("\n## Workloads\n\n| workload | command | peak RSS MiB | cgroup overhead MiB | native s | throughput metric |\n|---|---|---|---|---|---|\n")
 	for _, w := range wls {
@@ -171,7 +171,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			c = fmt.Sprintf("`%s` driven by `bin/%s --keys %d --ops %d --get-ratio %g` (1000 B values, zipfian 0.99: populate, the zipfian phase, a get of every key)",
 				strings.ReplaceAll(strings.Join(serverArgs(w, 0), " "), " 0 ", " PORT "), driverName(w), w.keys, w.ops, w.getRatio)
 		}
-		if w.name == "pagerank" {
+		if w.name == "pagerank" || w.name == "numpy-matmul" {
 			c += " (checksum " + r.checksum + ")"
 		}
 		p("| %s | %s | %d | %.1f | %.2f | %s |\n", w.title, c, r.peakMiB, float64(r.overhead)/(1<<20), r.nativeSec, w.metric)
@@ -232,7 +232,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	// Per workload, every configuration.
 	for _, w := range wls {
 		n := nat[w.name]
-		p("\n## %s\n\nNative: %.0f %s, %.2f s", w.title, n.tput, w.metric, n.wall)
+		p("\n## %s\n\nNative: %s %s, %.2f s", w.title, fmtTput(n.tput), w.metric, n.wall)
 		if w.server != "" {
 			p(", request latency p50 %.0f µs / p99 %.0f µs", n.p50, n.p99)
 		}
@@ -258,7 +258,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			if c.kind != "native" {
 				cp, cm = strconv.Itoa(c.pct), strconv.Itoa(s.capMiB)
 			}
-			p("| %s | %s | %s | %s | %.0f | %s | %.2f |", c.name(), cp, cm, lim, s.tput, ratio(s.tput, n.tput), s.wall)
+			p("| %s | %s | %s | %s | %s | %s | %.2f |", c.name(), cp, cm, lim, fmtTput(s.tput), ratio(s.tput, n.tput), s.wall)
 			if w.server != "" {
 				p(" %.0f | %.0f |", s.p50, s.p99)
 			}
