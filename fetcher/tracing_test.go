@@ -77,3 +77,36 @@ type tracerFunc func(*FaultRecord)
 
 func (f tracerFunc) Fault(r *FaultRecord)   { f(r) }
 func (tracerFunc) Prefetch(*PrefetchRecord) {}
+
+// The tracing work a fault does besides being served, with tracing off (a flag test per stage)
+// and on at the default sampling for a fast unsampled fault (clock reads, the draw, the slow
+// test): results/telemetry.md.
+func BenchmarkFaultTracingOverhead(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		name := "off"
+		if on {
+			name = "on-unsampled"
+		}
+		b.Run(name, func(b *testing.B) {
+			tr := &countTracer{}
+			rt := &Runtime{TraceSample: SampleThreshold(0.01), TraceSlow: 100 * time.Microsecond}
+			if on {
+				rt.Tracer = tr
+			}
+			p := &Process{rt: rt}
+			p.clock.on, p.clock.rng = on, 1
+			since := time.Now()
+			for b.Loop() {
+				if p.clock.on {
+					p.clock.reset()
+				}
+				p.clock.mark(&p.clock.lookup)
+				p.clock.mark(&p.clock.fetch)
+				p.clock.mark(&p.clock.install)
+				if t := p.rt.Tracer; t != nil {
+					p.traceFault(t, 0, 0x1000, FromBackend, since, time.Microsecond)
+				}
+			}
+		})
+	}
+}
