@@ -98,7 +98,7 @@ const (
 
 // Defaults for a zero Config field.
 const (
-	DefaultName    = NameLeap // of the package; farmem run's default is none for now (cmd/farmem/prefetch_flags.go)
+	DefaultName    = NameLeap // farmem run's default too (cmd/farmem/prefetch_flags.go)
 	DefaultHistory = 32       // Leap's deltas kept, as in the paper's evaluation
 	DefaultSplit   = 4        // Leap's first window is History/4, as in the authors' code
 	DefaultMax     = 8        // pages per prediction: Linux's default swap cluster (page-cluster 3)

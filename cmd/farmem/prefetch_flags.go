@@ -11,14 +11,26 @@ import (
 	"github.com/farmem/farmem/prefetch"
 )
 
+// farmem run's prefetching defaults, chosen by the side-by-side benchmark (results/prefetch.md,
+// "The default"): leap in map mode was the only prefetcher never clearly slower than none on any
+// workload (nextn was up to 4x slower on redis, stride and readahead lost on pagerank), and a
+// window of up to 32 pages rather than the paper's 8 cut a sequential or strided stream's
+// remaining misses further (in map mode every miss is a uffd round trip plus a fetch, and a
+// stream pays one miss per window) at no cost on random and redis's faults. The package's own
+// defaults (prefetch.DefaultMax: 8) stay the paper's, so farmem sim compares prefetchers as
+// Leap did unless told --prefetch-max.
+const (
+	runDefaultPrefetch    = prefetch.NameLeap
+	runDefaultPrefetchMax = 32
+)
+
 // prefetchFlags are farmem run's prefetcher settings.
 func prefetchFlags() []cli.Flag {
 	return []cli.Flag{
-		// Off by default until the side-by-side benchmark (results/prefetch.md) chooses.
-		&cli.StringFlag{Name: "prefetch", Value: prefetch.NameNone, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
-		&cli.StringFlag{Name: "record-faults", Usage: "write every fault served to FILE (time, pid, page, kind, source) for farmem sim; record with\n\t--prefetch none, so that the trace holds every re-fault", TakesFile: true},
+		&cli.StringFlag{Name: "prefetch", Value: runDefaultPrefetch, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
+		&cli.StringFlag{Name: "record-faults", Usage: "write every fault served to FILE (time, pid, page, kind, source) for farmem sim. It implies\n\t--prefetch none unless --prefetch is given: a prefetcher's right guesses never fault, so the\n\ttrace would miss them", TakesFile: true},
 		&cli.IntFlag{Name: "prefetch-history", Value: prefetch.DefaultHistory, Usage: "leap: page deltas kept and voted over"},
-		&cli.IntFlag{Name: "prefetch-max", Value: prefetch.DefaultMax, Usage: fmt.Sprintf("most pages prefetched for one fault (1 to %d)", fetcher.MaxPrefetchBatch)},
+		&cli.IntFlag{Name: "prefetch-max", Value: runDefaultPrefetchMax, Usage: fmt.Sprintf("most pages prefetched for one fault (1 to %d)", fetcher.MaxPrefetchBatch)},
 		&cli.StringFlag{Name: "prefetch-mode", Value: modeMap, Usage: "where predicted pages go: map (installed in the program at once, so a right guess costs\n\tno fault) or cache (Leap's: held in a prefetch cache until their fault, which takes them out)"},
 		&cli.IntFlag{Name: "prefetch-cache-pages", Usage: "cache mode: the prefetch cache's size in pages, counted against --local-mem", DefaultText: "1/16 of the cap, 64 to 8192"},
 	}
@@ -55,6 +67,9 @@ func prefetchCachePages(c *cli.Context, capBytes int64) (int, error) {
 // prefetchOptions reads and checks the prefetch flags.
 func prefetchOptions(c *cli.Context) (prefetch.Config, error) {
 	cfg := prefetch.Config{Name: c.String("prefetch"), History: c.Int("prefetch-history"), Max: c.Int("prefetch-max")}
+	if c.IsSet("record-faults") && !c.IsSet("prefetch") {
+		cfg.Name = prefetch.NameNone // a trace for farmem sim holds every re-fault
+	}
 	// A zero field would take its default: as a flag it is a mistake.
 	if h := cfg.History; h < 2 {
 		return cfg, usagef("--prefetch-history %d: give at least 2 page deltas", h)

@@ -53,19 +53,25 @@ func backendFaults(t *testing.T, out string) int {
 // arrive (prefetch only fills the room below the high watermark), and so on scheduling: with
 // both CPUs loaded by other work, leap/map once took 52 % of none's backend faults (17241 of
 // 32838). The bound is 3/4: a prefetcher that did nothing, or whose pages were all dropped,
-// takes as many as none.
+// takes as many as none. With no prefetch flag, farmem run prefetches with leap in map mode.
 func TestLeapPrefetchSavesFaults(t *testing.T) {
 	faults := map[string]int{}
-	for _, pf := range []string{"none", "leap/map", "leap/cache"} {
+	for _, pf := range []string{"none", "leap/map", "leap/cache", "default"} {
+		args := []string{"run", "--local-mem", "16MiB"}
 		name, mode, _ := strings.Cut(pf, "/")
-		args := []string{"run", "--local-mem", "16MiB", "--prefetch", name}
-		if mode != "" {
-			args = append(args, "--prefetch-mode", mode)
+		if pf != "default" {
+			args = append(args, "--prefetch", name)
+			if mode != "" {
+				args = append(args, "--prefetch-mode", mode)
+			}
 		}
 		out, _, err := runSampled(t, append(args, "--",
 			filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "stride:3", "--passes", "2")...)
 		if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 			t.Fatalf("micro under farmem --prefetch %s: %v", pf, err)
+		}
+		if pf == "default" && !strings.Contains(out, "farmem: prefetch leap (map)") {
+			t.Fatalf("farmem run with no prefetch flag did not prefetch with leap in map mode:\n%s", out)
 		}
 		faults[pf] = backendFaults(t, out)
 		if hit := regexpMatch(`; cache [1-9][0-9]* p50`, out); hit != (mode == "cache") {
@@ -75,7 +81,7 @@ func TestLeapPrefetchSavesFaults(t *testing.T) {
 	if faults["none"] < 20000 {
 		t.Fatalf("only %d backend faults without prefetching: the walk did not page", faults["none"])
 	}
-	for _, pf := range []string{"leap/map", "leap/cache"} {
+	for _, pf := range []string{"leap/map", "leap/cache", "default"} {
 		if faults[pf]*4 > faults["none"]*3 {
 			t.Fatalf("%s took %d backend faults, none %d: want fewer than 3/4", pf, faults[pf], faults["none"])
 		}
@@ -83,16 +89,20 @@ func TestLeapPrefetchSavesFaults(t *testing.T) {
 }
 
 // A trace recorded by farmem run replays in farmem sim: the replay sees every backend fault of
-// the run, and on a strided walk Leap would have covered most of them.
+// the run, and on a strided walk Leap would have covered most of them. --record-faults alone
+// turns the default prefetcher off (a right guess never faults, so the trace would miss it).
 func TestRecordFaultsReplaysInSim(t *testing.T) {
 	trace := filepath.Join(t.TempDir(), "stride.fmtrace")
-	out, _, err := runSampled(t, "run", "--local-mem", "16MiB", "--prefetch", "none", "--record-faults", trace, "--",
+	out, _, err := runSampled(t, "run", "--local-mem", "16MiB", "--record-faults", trace, "--",
 		filepath.Join(binDir, "micro"), "--mib", "48", "--pattern", "stride:10", "--passes", "1")
 	if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 		t.Fatalf("micro under farmem --record-faults: %v", err)
 	}
 	if !strings.Contains(out, "faults to "+trace) {
 		t.Fatalf("farmem did not say where the trace went")
+	}
+	if strings.Contains(out, "farmem: prefetch ") {
+		t.Fatalf("--record-faults without --prefetch prefetched:\n%s", out)
 	}
 	run := backendFaults(t, out)
 	sim, err := exec.Command(farmemBin(t), "sim", "--trace", trace, "--prefetcher", "leap,none", "--json").Output()
