@@ -67,6 +67,11 @@ func machineFacts() *facts {
 		f.memGiB = int(kb/(1<<20) + 0.5)
 	}
 	f.commit = commit
+	defer func() {
+		if f.commit == "" {
+			f.commit = "(unknown commit)"
+		}
+	}()
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil && f.commit == "" {
 		f.commit = strings.TrimSpace(string(out))
 		if out, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); len(out) > 0 {
@@ -160,7 +165,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (none); **farmem-leap** adds `--prefetch leap` (map mode). **farmem-tcp / farmem-shm** (when asked for with `-configs`; not in the default run, for time): `farmem run --ctrl` with a ctrl and one memory server on this host, over tcp loopback or shared memory.\n")
 	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus what the native run's cgroup was charged beyond its peak RSS (`memory.max_usage_in_bytes` - VmHWM, at least 0; the *overhead* column below). At 100 %% both therefore hold the whole native footprint.\n")
-	p("- Guest memory is warmed before every run (one `dd` block of 3x the footprint): first touch of cold guest memory costs ~10 µs/page here.\n")
+	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
 	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*).\n")
 	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: its summary's `moved:` line, prefetches included, or backend faults and evictions written x 4 KiB from older farmems; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
 	p("\n## Workloads\n\n| workload | command | peak RSS MiB | cgroup overhead MiB | native s | throughput metric |\n|---|---|---|---|---|---|\n")
@@ -169,7 +174,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		c := "`" + strings.Join(w.args, " ") + "`"
 		if w.server != "" {
 			c = fmt.Sprintf("`%s` driven by `bin/%s --keys %d --ops %d --get-ratio %g` (1000 B values, zipfian 0.99: populate, the zipfian phase, a get of every key)",
-				strings.ReplaceAll(strings.Join(serverArgs(w, 0), " "), " 0 ", " PORT "), driverName(w), w.keys, w.ops, w.getRatio)
+				showArgs(serverArgs(w, -1)), driverName(w), w.keys, w.ops, w.getRatio)
 		}
 		if w.name == "pagerank" || w.name == "numpy-matmul" {
 			c += " (checksum " + r.checksum + ")"
@@ -504,4 +509,19 @@ func plotPrefetch(path string, wls []workload, pcts []int, rs []result, nat map[
 	pl.NominalX(labels...)
 	pl.X.Tick.Label.Font.Size = vg.Points(7)
 	return pl.Save(vg.Length(max(7, len(labels)/2))*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// showArgs is a command line for the report: empty arguments quoted, port -1 shown as PORT.
+func showArgs(args []string) string {
+	var b []string
+	for _, a := range args {
+		switch a {
+		case "":
+			a = `""`
+		case "-1":
+			a = "PORT"
+		}
+		b = append(b, a)
+	}
+	return strings.Join(b, " ")
 }
