@@ -151,6 +151,11 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		strings.TrimSpace(cmd), f.started.Format("2006-01-02 15:04 UTC"), f.took.Seconds())
 	p("Machine: %d cores (%s), %d GiB, Linux %s; farmem %s; Go %s.\n", runtime.NumCPU(), f.cpu, f.memGiB, f.kernel, f.commit, runtime.Version())
 	p("Load average at the start: %s (%s); at the end: %s (%s).\n", f.loadStart, f.busyStart, f.loadEnd, f.busyEnd)
+	l0, _ := strconv.ParseFloat(strings.Fields(f.loadStart + " 0")[0], 64)
+	l1, _ := strconv.ParseFloat(strings.Fields(f.loadEnd + " 0")[0], 64)
+	if max(l0, l1) > float64(runtime.NumCPU())/2 {
+		p("\n**This run was not on an idle machine** (1-minute load %.1f at the start and %.1f at the end, on %d cores): other work ran alongside, so absolute numbers are noisy and slower than on an idle machine; the interleaved rounds spread that over every configuration alike, which keeps the ratios more meaningful than the absolute figures.\n", l0, l1, runtime.NumCPU())
+	}
 	p("\nEvery row is the median of up to %d rounds", h.rounds)
 	if h.rounds < rounds || h.partial {
 		p(" (%d were asked for; the run stopped at its time budget, -budget %v", rounds, h.budget)
