@@ -156,6 +156,9 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	if max(l0, l1) > float64(runtime.NumCPU())/2 {
 		p("\n**This run was not on an idle machine** (1-minute load %.1f at the start and %.1f at the end, on %d cores): other work ran alongside, so absolute numbers are noisy and slower than on an idle machine; the interleaved rounds spread that over every configuration alike, which keeps the ratios more meaningful than the absolute figures.\n", l0, l1, runtime.NumCPU())
 	}
+	if d := damonPageout(); d != "" {
+		p("\n**DAMON proactive reclaim was on** (%s). With no swap it can only drop clean file pages; while a swap run has swap on, it can also page out cold anonymous pages, of the measured program before its cgroup's limit would, and of any other process, whose swap traffic then counts in that run's pswpin/pswpout (the swap rows' MiB in/out); the swap rows' faults are the cgroup's own. It belongs to the machine's setup and was left alone.\n", d)
+	}
 	p("\nEvery row is the median of up to %d rounds", h.rounds)
 	if h.rounds < rounds || h.partial {
 		p(" (%d were asked for; the run stopped at its time budget, -budget %v", rounds, h.budget)
@@ -529,4 +532,29 @@ func showArgs(args []string) string {
 		b = append(b, a)
 	}
 	return strings.Join(b, " ")
+}
+
+// damonPageout describes the running DAMON schemes that page memory out, if any: this VM runs
+// one, and it interacts with swap.
+func damonPageout() string {
+	var found []string
+	ks, _ := filepath.Glob("/sys/kernel/mm/damon/admin/kdamonds/*")
+	for _, k := range ks {
+		if b, _ := os.ReadFile(filepath.Join(k, "state")); strings.TrimSpace(string(b)) != "on" {
+			continue
+		}
+		ss, _ := filepath.Glob(filepath.Join(k, "contexts/*/schemes/*"))
+		for _, sc := range ss {
+			act, _ := os.ReadFile(filepath.Join(sc, "action"))
+			if strings.TrimSpace(string(act)) != "pageout" {
+				continue
+			}
+			ops, _ := os.ReadFile(filepath.Join(sc, "../../operations"))
+			age, _ := os.ReadFile(filepath.Join(sc, "access_pattern/age/min"))
+			quota, _ := os.ReadFile(filepath.Join(sc, "quotas/bytes"))
+			found = append(found, fmt.Sprintf("kdamond %s: %s, pageout of regions idle for at least %s aggregation intervals, quota %s bytes",
+				filepath.Base(k), strings.TrimSpace(string(ops)), strings.TrimSpace(string(age)), strings.TrimSpace(string(quota))))
+		}
+	}
+	return strings.Join(found, "; ")
 }
