@@ -168,21 +168,22 @@ func (p *Process) prefetchLoop() {
 		}
 		var start time.Time
 		var loaded time.Duration
-		if p.clock.on {
+		tracing := p.rt.Tracer != nil // not p.clock: that is the fault thread's
+		if tracing {
 			start = time.Now()
 		}
 		p.table.Lock()
 		p.choose(&b, &x.w)
 		p.table.Unlock()
 		n := p.load(&x.w, x.buf)
-		if p.clock.on {
+		if tracing {
 			loaded = time.Since(start)
 		}
 		p.table.Lock()
 		p.deliver(&x.w, x.buf, n)
 		p.finish(&b)
 		p.table.Unlock()
-		if tr := p.rt.Tracer; tr != nil && x.w.n > 0 {
+		if tr := p.rt.Tracer; tracing && x.w.n > 0 {
 			p.rt.tracePrefetch(tr, &x.rng, &PrefetchRecord{Pid: p.Pid(), Trigger: b.trigger, Start: start, Load: loaded,
 				End: time.Since(start), Pages: x.w.n, Delivered: n})
 		}
