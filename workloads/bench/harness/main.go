@@ -83,7 +83,8 @@ type result struct {
 	faults   uint64  // farmem: backend faults; swap: major faults
 	inB      uint64  // bytes brought back (farmem backend reads; swap pswpin)
 	outB     uint64  // bytes written out (farmem evictions written; swap pswpout)
-	timeout  bool
+	timeout  bool    // stopped at its time limit, or (oom) killed by the cgroup's OOM killer
+	oom      bool
 	fsP50    float64 // farmem: its backend fault-service latency, µs (its summary's)
 	fsP99    float64
 	peakB    int64 // farmem: the peak anonymous RSS it measured; swap: the cgroup's max usage
@@ -345,7 +346,9 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 				}
 				results = append(results, res)
 				st := ""
-				if res.timeout {
+				if res.oom {
+					st = " OOM-KILLED"
+				} else if res.timeout {
 					st = " TIMED OUT"
 				}
 				h.progress("[%d/%d] %s %s %d%% round %d: %.2f s, %s %s%s", i, total, w.name, c.name(), c.pct, round, res.wall, fmtTput(res.tput), w.metric, st)
@@ -465,6 +468,11 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 	vm1 := vmstat()
 	if c.kind == "swap" {
 		st, serr := cgStats("run")
+		if st["oom_kills"] > 0 {
+			// The kernel's OOM killer ended the program: Linux swap could not hold it at this
+			// limit. That is a result (reported, throughput 0), not the harness failing.
+			res.oom, err = true, nil
+		}
 		if offErr := swapOff(); offErr != nil && err == nil {
 			err = offErr
 		}
@@ -475,14 +483,15 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		res.peakB = st["max_usage_bytes"]
 		res.inB = (vm1["pswpin"] - vm0["pswpin"]) * 4096
 		res.outB = (vm1["pswpout"] - vm0["pswpout"]) * 4096
-		if st["oom_kills"] > 0 && err == nil {
-			err = fmt.Errorf("the cgroup OOM-killed the program (swap full?)")
-		}
 	}
 	if err != nil {
 		return res, err
 	}
 	res.wall, res.tput, res.p50, res.p99, res.timeout = r.wall, r.tput, r.p50, r.p99, r.timeout
+	if res.oom {
+		res.tput, res.timeout = 0, true // counted with the runs stopped, and flagged as OOM
+		return res, nil
+	}
 	if res.timeout {
 		return res, nil
 	}

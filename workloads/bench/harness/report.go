@@ -88,7 +88,7 @@ func (f *facts) end(start time.Time) {
 
 // stat is the medians of one workload's runs in one configuration.
 type stat struct {
-	n, timeouts           int
+	n, timeouts, ooms     int
 	tput, wall, p50, p99  float64
 	faults, inMiB, outMiB float64
 	fsP50, fsP99          float64
@@ -107,6 +107,9 @@ func summarize(rs []result, wl string, c config) (s stat, ok bool) {
 		s.capMiB, s.limitMiB = r.capMiB, float64(r.limitB)/(1<<20)
 		if r.timeout {
 			s.timeouts++
+		}
+		if r.oom {
+			s.ooms++
 		}
 		tp = append(tp, r.tput)
 		wa = append(wa, r.wall)
@@ -174,7 +177,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus what the native run's cgroup was charged beyond its peak RSS (`memory.max_usage_in_bytes` - VmHWM, at least 0; the *overhead* column below). At 100 %% both therefore hold the whole native footprint.\n")
 	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
-	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*).\n")
+	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*); a swap run whose program the cgroup's OOM killer ended (Linux could not hold it at that limit even with swap) is counted as throughput 0 too and flagged.\n")
 	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: its summary's `moved:` line, prefetches included, or backend faults and evictions written x 4 KiB from older farmems; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
 	p("\n## Workloads\n\n| workload | command | peak RSS MiB | cgroup overhead MiB | native s | throughput metric |\n|---|---|---|---|---|---|\n")
 	for _, w := range wls {
@@ -211,7 +214,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				}
 				v := ratio(s.tput, n.tput)
 				if s.timeouts > 0 {
-					v += fmt.Sprintf(" (%d of %d timed out)", s.timeouts, s.n)
+					v += fmt.Sprintf(" (%d of %d stopped: timeout or OOM kill)", s.timeouts, s.n)
 				}
 				return v
 			}
@@ -253,7 +256,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		if w.server != "" {
 			p(" p50 µs | p99 µs |")
 		}
-		p(" faults | MiB in | MiB out | peak MiB | farmem fault service p50/p99 µs | timed out |\n|---|---|---|---|---|---|---|---|---|")
+		p(" faults | MiB in | MiB out | peak MiB | farmem fault service p50/p99 µs | stopped (timeout / OOM-killed) |\n|---|---|---|---|---|---|---|---|---|")
 		if w.server != "" {
 			p("---|---|")
 		}
@@ -283,7 +286,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			if s.peakMiB > 0 {
 				pk = fmt.Sprintf("%.1f", s.peakMiB)
 			}
-			p(" %.0f | %.1f | %.1f | %s | %s | %d of %d |\n", s.faults, s.inMiB, s.outMiB, pk, fs, s.timeouts, s.n)
+			p(" %.0f | %.1f | %.1f | %s | %s | %d / %d of %d |\n", s.faults, s.inMiB, s.outMiB, pk, fs, s.timeouts-s.ooms, s.ooms, s.n)
 		}
 	}
 	p("\nPeak MiB: what held the cap: farmem's measured peak anonymous RSS of the program, or the cgroup's `memory.max_usage_in_bytes`.\n")
@@ -315,12 +318,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "timed_out", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes"})
+	w.Write([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed"})
 	for _, r := range rs {
 		w.Write([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
 			fmt.Sprintf("%.3f", r.wall), fmt.Sprintf("%.1f", r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
-			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10)})
+			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom)})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
