@@ -25,61 +25,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"math/rand"
 	"net"
 	"os"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/farmem/farmem/workloads/bench/ycsb"
 )
-
-// zipfian is YCSB's ZipfianGenerator over ranks [0, n) with constant theta in (0, 1), as in
-// redisdrive (the same draws for the same seed, so the two servers see the same key stream).
-type zipfian struct {
-	n                        float64
-	theta, alpha, zetan, eta float64
-	half                     float64 // 1 + 0.5^theta
-}
-
-func newZipfian(n uint64, theta float64) *zipfian {
-	zetan := 0.0
-	for i := uint64(1); i <= n; i++ {
-		zetan += 1 / math.Pow(float64(i), theta)
-	}
-	z := &zipfian{n: float64(n), theta: theta, alpha: 1 / (1 - theta), zetan: zetan}
-	z.half = 1 + math.Pow(0.5, theta)
-	z.eta = (1 - math.Pow(2/z.n, 1-theta)) / (1 - z.half/z.zetan)
-	return z
-}
-
-func (z *zipfian) next(r *rand.Rand) uint64 {
-	u := r.Float64()
-	uz := u * z.zetan
-	if uz < 1 {
-		return 0
-	}
-	if uz < z.half {
-		return 1
-	}
-	v := uint64(z.n * math.Pow(z.eta*u-z.eta+1, z.alpha))
-	return min(v, uint64(z.n)-1)
-}
-
-// value fills buf with key's value at version: a readable head, then bytes derived from both
-// (the same values as redisdrive's).
-func value(buf []byte, key uint64, version uint32) []byte {
-	buf = buf[:0]
-	buf = fmt.Appendf(buf, "key:%d:v%d:", key, version)
-	x := key<<32 | uint64(version) | 1
-	for len(buf) < cap(buf) {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		buf = append(buf, byte('a'+x%26))
-	}
-	return buf
-}
 
 var errBad = errors.New("bad data")
 
@@ -101,7 +55,7 @@ type driver struct {
 
 func (d *driver) set(k uint64) {
 	d.versions[k]++
-	d.val = value(d.val[:0:d.size], k, d.versions[k])
+	d.val = ycsb.Value(d.val[:0:d.size], k, d.versions[k])
 	fmt.Fprintf(d.w, "set key:%d 0 0 %d\r\n", k, len(d.val))
 	d.w.Write(d.val)
 	d.w.WriteString("\r\n")
@@ -166,7 +120,7 @@ func (d *driver) flush() error {
 			if end, err := d.line(); err != nil || string(end) != "END" {
 				return fmt.Errorf("get key:%d: no END after the value (%q, %v)", o.key, end, err)
 			}
-			d.exp = value(d.exp[:0:d.size], o.key, o.want)
+			d.exp = ycsb.Value(d.exp[:0:d.size], o.key, o.want)
 			if body := data[:n]; !bytes.Equal(body, d.exp) {
 				return fmt.Errorf("%w: get key:%d: got %d bytes %q..., want %d bytes %q...", errBad, o.key, len(body), body[:min(len(body), 32)], len(d.exp), d.exp[:min(len(d.exp), 32)])
 			}
@@ -251,12 +205,12 @@ func run(addr string, keys uint64, size int, ops uint64, getRatio, theta float64
 	fmt.Printf("memcachedrive: populate keys=%d value_bytes=%d secs=%.3f ops_per_sec=%.0f\n", keys, size, secs, float64(keys)/secs)
 
 	r := rand.New(rand.NewSource(seed))
-	z := newZipfian(keys, theta)
+	z := ycsb.NewZipfian(keys, theta)
 	perm := r.Perm(int(keys)) // popularity rank -> key
 	var gets, sets uint64
 	d.lat = make([]time.Duration, 0, ops)
 	secs, err = phase(func(uint64) {
-		k := uint64(perm[z.next(r)])
+		k := uint64(perm[z.Next(r)])
 		if r.Float64() < getRatio {
 			d.get(k)
 			gets++

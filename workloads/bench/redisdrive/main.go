@@ -31,63 +31,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"math/rand"
 	"net"
 	"os"
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/farmem/farmem/workloads/bench/ycsb"
 )
-
-// zipfian is YCSB's ZipfianGenerator over ranks [0, n) with constant theta in (0, 1).
-type zipfian struct {
-	n                        float64
-	theta, alpha, zetan, eta float64
-	half                     float64 // 1 + 0.5^theta
-}
-
-func newZipfian(n uint64, theta float64) *zipfian {
-	zeta := func(k uint64) float64 {
-		s := 0.0
-		for i := uint64(1); i <= k; i++ {
-			s += 1 / math.Pow(float64(i), theta)
-		}
-		return s
-	}
-	z := &zipfian{n: float64(n), theta: theta, alpha: 1 / (1 - theta), zetan: zeta(n)}
-	zeta2 := 1 + math.Pow(0.5, theta)
-	z.half = zeta2
-	z.eta = (1 - math.Pow(2/z.n, 1-theta)) / (1 - zeta2/z.zetan)
-	return z
-}
-
-func (z *zipfian) next(r *rand.Rand) uint64 {
-	u := r.Float64()
-	uz := u * z.zetan
-	if uz < 1 {
-		return 0
-	}
-	if uz < z.half {
-		return 1
-	}
-	v := uint64(z.n * math.Pow(z.eta*u-z.eta+1, z.alpha))
-	return min(v, uint64(z.n)-1)
-}
-
-// value fills buf with key's value at version: a readable head, then bytes derived from both.
-func value(buf []byte, key uint64, version uint32) []byte {
-	buf = buf[:0]
-	buf = fmt.Appendf(buf, "key:%d:v%d:", key, version)
-	x := key<<32 | uint64(version) | 1
-	for len(buf) < cap(buf) {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		buf = append(buf, byte('a'+x%26))
-	}
-	return buf
-}
 
 type conn struct {
 	c   net.Conn
@@ -169,7 +121,7 @@ func (d *driver) key(k uint64) []byte {
 
 func (d *driver) set(k uint64) {
 	d.versions[k]++
-	d.c.command([]byte("SET"), d.key(k), value(d.val[:0:d.size], k, d.versions[k]))
+	d.c.command([]byte("SET"), d.key(k), ycsb.Value(d.val[:0:d.size], k, d.versions[k]))
 	d.ops = append(d.ops, op{key: k})
 }
 
@@ -210,7 +162,7 @@ func (d *driver) flush() error {
 		case body == nil:
 			return fmt.Errorf("%w: GET key:%d: no such key, want version %d", errBad, o.key, o.want)
 		default:
-			d.exp = value(d.exp[:0:d.size], o.key, o.want)
+			d.exp = ycsb.Value(d.exp[:0:d.size], o.key, o.want)
 			if !bytes.Equal(body, d.exp) {
 				head := body[:min(len(body), 32)]
 				return fmt.Errorf("%w: GET key:%d: got %d bytes %q..., want %d bytes %q...", errBad, o.key, len(body), head, len(d.exp), d.exp[:min(len(d.exp), 32)])
@@ -287,13 +239,13 @@ func run(addr string, keys uint64, size int, ops uint64, getRatio, theta float64
 	fmt.Printf("redisdrive: populate keys=%d value_bytes=%d secs=%.3f ops_per_sec=%.0f\n", keys, size, secs, float64(keys)/secs)
 
 	r := rand.New(rand.NewSource(seed))
-	z := newZipfian(keys, theta)
+	z := ycsb.NewZipfian(keys, theta)
 	perm := r.Perm(int(keys)) // popularity rank -> key
 	var gets, sets uint64
 	d.lat = make([]time.Duration, 0, ops)
 	t0 = time.Now()
 	for i := uint64(0); i < ops; i++ {
-		k := uint64(perm[z.next(r)])
+		k := uint64(perm[z.Next(r)])
 		if r.Float64() < getRatio {
 			d.get(k)
 			gets++
