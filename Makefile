@@ -56,7 +56,7 @@ bench-smoke: build bin/bench-fabric
 	$(MAKE) bench-swap-smoke
 
 # farmem against Linux swap (issue 6): each workload natively, under farmem at 100/75/50/25 % of
-# its native peak (default prefetcher and leap) and in a memory cgroup with that limit swapping to
+# its native peak (default prefetcher, leap, and --prefetch none) and in a memory cgroup with that limit swapping to
 # zram and to a swap file, ROUNDS (3) rounds interleaved, every run verified (about 25 minutes,
 # as root): results/swap.md, swap.csv, swap-*.png. farmem-bench -h for its flags (FLAGS=...).
 # The harness is a Go module of its own (workloads/bench/harness), so that the plotting

@@ -173,7 +173,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("; the rounds were interleaved (each round runs every workload in every configuration once), so machine drift hits every configuration alike.\n")
 	p("\n## How each configuration runs\n\n")
 	p("- **native**: the program alone, no cap.\n")
-	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (leap in map mode, up to 32 pages, since commit 0645641; none before); **farmem-leap** adds `--prefetch leap`, the same as the default since 0645641 (`-configs farmem-none` compares with no prefetching). **farmem-tcp / farmem-shm** (when asked for with `-configs`; not in the default run, for time): `farmem run --ctrl` with a ctrl and one memory server on this host, over tcp loopback or shared memory.\n")
+	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (leap in map mode, up to 32 pages, since commit 0645641; none before); **farmem-none** adds `--prefetch none`: no prefetching, the comparison that says what the prefetcher is worth (`-configs` also takes farmem-leap, -readahead, -stride, -nextn). **farmem-tcp / farmem-shm** (when asked for with `-configs`; not in the default run, for time): `farmem run --ctrl` with a ctrl and one memory server on this host, over tcp loopback or shared memory.\n")
 	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus the larger of what the native run's cgroup was charged beyond its peak RSS (`memory.max_usage_in_bytes` - VmHWM) and, for the servers, the file-backed RSS of their native run (RssFile: binary and libraries); the *overhead* column below. At 100 %% both therefore hold the whole native footprint.\n")
 	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
@@ -203,7 +203,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		return config{kind: kind, prefetch: pf, swap: sw, pct: pct}
 	}
 	p("\n## Headline: throughput x native (medians)\n\n")
-	p("| workload | cap | cap MiB | farmem | farmem-leap | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |\n|---|---|---|---|---|---|---|---|---|\n")
+	p("| workload | cap | cap MiB | farmem | farmem-none | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range wls {
 		n := nat[w.name]
 		for _, pct := range pcts {
@@ -218,13 +218,9 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				}
 				return v
 			}
-			best := func() (float64, bool) { // farmem's better prefetcher
-				a, ok1 := summarize(rs, w.name, find("farmem", "", "", pct))
-				l, ok2 := summarize(rs, w.name, find("farmem", "leap", "", pct))
-				if !ok1 && !ok2 {
-					return 0, false
-				}
-				return math.Max(a.tput, l.tput), true
+			best := func() (float64, bool) { // farmem as users run it (its default prefetcher)
+				a, ok := summarize(rs, w.name, find("farmem", "", "", pct))
+				return a.tput, ok
 			}
 			vs := func(sw string) string {
 				fb, ok := best()
@@ -234,16 +230,16 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				}
 				return ratio(fb, s.tput)
 			}
-			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |\n", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "leap", "", pct)),
+			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |\n", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "none", "", pct)),
 				cell(find("swap", "", "zram", pct)), cell(find("swap", "", "file", pct)), vs("zram"), vs("file"))
 		}
 	}
-	p("\nfarmem / swap: the better of farmem's two prefetchers over swap's throughput at the same cap.\n")
+	p("\nfarmem / swap: farmem's (default prefetcher) throughput over swap's at the same cap.\n")
 	h.targets(p, wls, rs, nat)
 	for _, w := range wls {
 		p("\n![%s](swap-%s.png)\n", w.title, w.name)
 	}
-	p("\nThe prefetchers side by side: leap's throughput over farmem's default's (none) at each cap below 100 %% (above the dashed line, leap helped):\n\n![prefetchers](swap-prefetch.png)\n")
+	p("\nThe prefetchers side by side: farmem's default's (leap) throughput over `--prefetch none`'s at each cap below 100 %% (above the dashed line, leap helped):\n\n![prefetchers](swap-prefetch.png)\n")
 
 	// Per workload, every configuration.
 	for _, w := range wls {
@@ -346,6 +342,7 @@ func plotWorkload(path string, w workload, cfgs []config, peakMiB int, rs []resu
 	colors := map[string]color.Color{
 		"farmem":      color.RGBA{R: 31, G: 119, B: 180, A: 255},
 		"farmem-leap": color.RGBA{R: 44, G: 160, B: 44, A: 255},
+		"farmem-none": color.RGBA{R: 148, G: 103, B: 189, A: 255},
 		"swap-zram":   color.RGBA{R: 255, G: 127, B: 14, A: 255},
 		"swap-file":   color.RGBA{R: 214, G: 39, B: 40, A: 255},
 	}
@@ -412,13 +409,10 @@ func plotutilColor(i int) color.Color {
 
 // targets reports issue 6's target ratios, whatever they came to.
 func (h *harness) targets(p func(string, ...any), wls []workload, rs []result, nat map[string]stat) {
+	// farmem as users run it (its default prefetcher): not the better of two noisy runs.
 	best := func(wl string, pct int) (float64, bool) {
-		a, ok1 := summarize(rs, wl, config{kind: "farmem", pct: pct})
-		l, ok2 := summarize(rs, wl, config{kind: "farmem", prefetch: "leap", pct: pct})
-		if !ok1 && !ok2 {
-			return 0, false
-		}
-		return math.Max(a.tput, l.tput), true
+		a, ok := summarize(rs, wl, config{kind: "farmem", pct: pct})
+		return a.tput, ok
 	}
 	met := func(v, target float64) string {
 		if v >= target {
@@ -474,7 +468,7 @@ func (h *harness) targets(p func(string, ...any), wls []workload, rs []result, n
 	}
 }
 
-// plotPrefetch compares farmem's prefetchers: leap's throughput over farmem's default's (none)
+// plotPrefetch compares farmem's prefetchers: the default's (leap) throughput over none's
 // at the same cap, a bar per workload and cap below 100 % (the throughputs x native differ by
 // orders of magnitude between workloads, the ratio reads on one axis).
 func plotPrefetch(path string, wls []workload, pcts []int, rs []result, nat map[string]stat) error {
@@ -489,8 +483,8 @@ func plotPrefetch(path string, wls []workload, pcts []int, rs []result, nat map[
 			if pct >= 100 || n <= 0 {
 				continue
 			}
-			a, ok1 := summarize(rs, w.name, config{kind: "farmem", pct: pct})
-			l, ok2 := summarize(rs, w.name, config{kind: "farmem", prefetch: "leap", pct: pct})
+			a, ok1 := summarize(rs, w.name, config{kind: "farmem", prefetch: "none", pct: pct})
+			l, ok2 := summarize(rs, w.name, config{kind: "farmem", pct: pct})
 			if !ok1 || !ok2 {
 				continue
 			}
