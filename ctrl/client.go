@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/farmem/farmem/fabric"
@@ -47,6 +49,12 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 			return err
 		}
 	}
+	// Whether a connection was made tells an unreachable ctrl from one that took the request
+	// and did not answer in time: the second is a different problem (a stalled disk under the
+	// ctrl's state, say) and the message should not send the operator to check the network.
+	var connected atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) { connected.Store(true) }})
+	start := time.Now()
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("farmem ctrl at %s: %w", c.addr, err)
@@ -60,6 +68,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		var ue *url.Error
 		if errors.As(err, &ue) {
 			err = ue.Err // the URL is in our message already, as the address
+		}
+		if connected.Load() {
+			return fmt.Errorf("the farmem ctrl at %s took %s and did not answer %s %s: %w", c.addr, time.Since(start).Round(time.Millisecond), method, path, err)
 		}
 		return fmt.Errorf("cannot reach the farmem ctrl at %s: %w", c.addr, err)
 	}

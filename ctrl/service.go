@@ -52,6 +52,10 @@ type Service struct {
 // 1 MiB slabs lists a million ids, ~8 MB of JSON).
 const maxBody = 16 << 20
 
+// slowSave is how long a state save may take before the ctrl logs it: a local fsync takes
+// milliseconds, and clients give a whole request 15 s.
+const slowSave = time.Second
+
 // NewService loads the saved state, if any, and returns a service ready to Serve.
 func NewService(cfg ServiceConfig) (*Service, error) {
 	if len(cfg.Token) < fabric.MinTokenBytes {
@@ -170,7 +174,14 @@ func (s *Service) persist(ver uint64, st *State) error {
 	if ver <= s.saved.Load() {
 		return nil
 	}
-	if err := s.store.Save(*st); err != nil {
+	start := time.Now()
+	err := s.store.Save(*st)
+	if d := time.Since(start); d > slowSave {
+		// Every change waits for its save before it is answered, so a slow disk is a slow
+		// ctrl: say so where the operator looks, rather than leave clients timing out unexplained.
+		s.logf("saving the ctrl state took %s (a write and fsync); requests that change the state wait for it", d.Round(time.Millisecond))
+	}
+	if err != nil {
 		if !s.saveFailing {
 			s.logf("cannot save the ctrl state (retrying every tick): %v", err)
 		}

@@ -284,6 +284,34 @@ func TestCtrlClientUnreachable(t *testing.T) {
 	}
 }
 
+// A ctrl that takes the connection and never answers is not "unreachable": the message says it
+// did not answer, so the operator looks at the ctrl (its log says when a save was slow), not the
+// network.
+func TestCtrlClientNoAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, never answered
+		}
+	}()
+	addr := ln.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = ctrl.NewClient(addr, token).OpenSession(ctx, "x")
+	if err == nil || !strings.Contains(err.Error(), "the farmem ctrl at "+addr+" took ") ||
+		!strings.Contains(err.Error(), "and did not answer POST /v1/sessions: ") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a ctrl that never answers: %v", err)
+	}
+}
+
 // A restarted ctrl on the same state directory lists the same slabs and grants, and declares a
 // server dead only if it does not heartbeat within dead-after of the restart.
 func TestCtrlPersistsAcrossRestart(t *testing.T) {
@@ -406,5 +434,36 @@ func TestCtrlStateWriteFailure(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "state.json")); err != nil {
 		t.Error(err)
+	}
+}
+
+// slowStore is a FileStore whose saves take longer than the ctrl lets pass unremarked.
+type slowStore struct{ *ctrl.FileStore }
+
+func (s slowStore) Save(st ctrl.State) error {
+	time.Sleep(1100 * time.Millisecond)
+	return s.FileStore.Save(st)
+}
+
+// A slow save is logged: it is what a client's "did not answer" leads the operator to.
+func TestCtrlLogsSlowSave(t *testing.T) {
+	fs, err := ctrl.OpenFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+	log := &syncBuf{}
+	svc, err := ctrl.NewService(ctrl.ServiceConfig{Config: ctrl.Config{Token: token, SlabPages: 256}, Store: slowStore{fs},
+		Logf: func(f string, a ...any) { log.printf(f+"\n", a...) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(svc.Handler())
+	defer hs.Close()
+	if _, err := ctrl.NewClient(strings.TrimPrefix(hs.URL, "http://"), token).OpenSession(context.Background(), "x"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "saving the ctrl state took 1.1") {
+		t.Errorf("a 1.1 s save was not logged: %q", log.String())
 	}
 }

@@ -81,7 +81,9 @@ func Open(cfg Config) (*Store, error) {
 	}
 	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token), spare: make(chan *slab, 1),
 		lost: make(chan error, 1), stop: make(chan struct{})}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	// Two ctrl calls, each bounded at 15 s by the client, share this budget: a ctrl slow to
+	// save the session should not leave the first slab's request no time of its own.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sess, err := s.ctrl.OpenSession(ctx, cfg.Name)
 	if err != nil {
