@@ -84,6 +84,9 @@ type Runtime struct {
 	Tracer      Tracer
 	TraceSample uint64
 	TraceSlow   time.Duration
+	// SlowBudget bounds the records kept for being slow (not head-sampled) to so many a
+	// second, across the run; zero: no bound. Set it with the other three.
+	SlowBudget SlowBudget
 	// PeakAnonPages is the highest anonymous RSS of all processes together that the runtime's
 	// poll saw (every 2 ms once armed): the cap as the kernel measures it.
 	PeakAnonPages atomic.Int64

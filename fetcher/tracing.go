@@ -1,6 +1,7 @@
 package fetcher
 
 import (
+	"sync/atomic"
 	"time"
 	_ "unsafe" // go:linkname
 
@@ -123,7 +124,7 @@ func SampleThreshold(ratio float64) uint64 {
 func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time.Time, d time.Duration) {
 	c := &p.clock
 	head := c.sample(p.rt.TraceSample)
-	if !head && (p.rt.TraceSlow <= 0 || d < p.rt.TraceSlow) {
+	if !head && (p.rt.TraceSlow <= 0 || d < p.rt.TraceSlow || !p.rt.SlowBudget.take()) {
 		return
 	}
 	// since on the nanotime clock: both clocks are monotonic; the offset is fixed per fault.
@@ -154,7 +155,40 @@ func (rt *Runtime) tracePrefetch(tr Tracer, rng *uint64, r *PrefetchRecord) {
 	c := faultClock{rng: *rng}
 	head := c.sample(rt.TraceSample)
 	*rng = c.rng
-	if head || (rt.TraceSlow > 0 && r.End >= rt.TraceSlow) {
+	if head || (rt.TraceSlow > 0 && r.End >= rt.TraceSlow && rt.SlowBudget.take()) {
 		tr.Prefetch(r)
 	}
 }
+
+// SlowBudget is a per-second allowance of records kept for being slow. When the machine is
+// overloaded most faults are slow, and tracing each of them (six spans, an export) would add
+// the most load exactly then, for traces that all tell the same story: past the allowance a
+// slow fault is counted, not traced. Head-sampled faults are never refused, so the sampled
+// share stays unbiased. Safe for concurrent use by every fault thread and the prefetch worker.
+type SlowBudget struct {
+	PerSecond int64        // 0: no bound; set before the first Attach
+	second    atomic.Int64 // the nanotime second the count is for
+	used      atomic.Int64 // records kept in that second
+	skipped   atomic.Int64 // slow records not kept, over the run
+}
+
+// take reports whether one more slow record may be kept this second.
+func (b *SlowBudget) take() bool {
+	if b.PerSecond <= 0 {
+		return true
+	}
+	now := nanotime() / int64(time.Second)
+	if s := b.second.Load(); s != now && b.second.CompareAndSwap(s, now) {
+		// Another thread may add to used between the swap and this store; a second's
+		// allowance is approximate by a record or two, which is all it needs to be.
+		b.used.Store(0)
+	}
+	if b.used.Add(1) <= b.PerSecond {
+		return true
+	}
+	b.skipped.Add(1)
+	return false
+}
+
+// Skipped is how many slow records were not traced because the allowance was spent.
+func (b *SlowBudget) Skipped() int64 { return b.skipped.Load() }

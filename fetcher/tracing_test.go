@@ -110,3 +110,24 @@ func BenchmarkFaultTracingOverhead(b *testing.B) {
 		})
 	}
 }
+
+// The slow budget keeps PerSecond records a second and counts the rest; zero keeps every one.
+func TestSlowBudget(t *testing.T) {
+	b := SlowBudget{PerSecond: 3}
+	kept := 0
+	for range 20 {
+		if b.take() {
+			kept++
+		}
+	}
+	// 20 takes fit in one second, or straddle two: 3 kept, or at most 6.
+	if kept < 3 || kept > 6 || b.Skipped() != int64(20-kept) {
+		t.Errorf("budget of 3 a second: %d of 20 kept, %d skipped", kept, b.Skipped())
+	}
+	var none SlowBudget
+	for range 1000 {
+		if !none.take() {
+			t.Fatal("a zero budget refused a record")
+		}
+	}
+}

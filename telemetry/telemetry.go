@@ -55,6 +55,10 @@ const (
 const (
 	DefaultSample = 0.01
 	DefaultSlow   = 100 * time.Microsecond
+	// DefaultSlowMax bounds the faults traced for being slow to 100 a second: enough to see
+	// every kind of slow fault a run has, few enough that an overloaded machine, where most
+	// faults are slow, is not loaded further by tracing them all (results/telemetry.md).
+	DefaultSlowMax = 100
 )
 
 // Config is what the run flags and the OTEL_* environment ask for. Flags override the
@@ -68,7 +72,8 @@ type Config struct {
 	// for an endpoint on port 4318 (OTLP/HTTP's port), else grpc.
 	Protocol string
 	Sample   float64       // head sampling ratio of faults, 0..1
-	Slow     time.Duration // faults (and prefetch batches) slower than this are always traced; 0: none
+	Slow     time.Duration // faults (and prefetch batches) slower than this are traced; 0: none
+	SlowMax  int64         // but at most this many a second (the rest are counted); 0: no bound
 	Stdout   bool          // also write spans to stdout, pretty-printed (debugging)
 	// MetricsAddr is --metrics-addr: HOST:PORT to serve Prometheus's /metrics on.
 	MetricsAddr string
@@ -85,6 +90,9 @@ type Env func(string) string
 func (c *Config) Resolve(env Env) error {
 	if c.Sample < 0 || c.Sample > 1 || c.Sample != c.Sample {
 		return fmt.Errorf("--trace-sample %v: give a ratio from 0 to 1 (0.01: one fault in a hundred)", c.Sample)
+	}
+	if c.SlowMax < 0 {
+		return fmt.Errorf("--trace-slow-max %d: give a number of faults a second, 0 or more (0: no bound)", c.SlowMax)
 	}
 	if c.Slow < 0 {
 		return fmt.Errorf("--trace-slow %v: give a duration of 0 or more (0: keep no fault for being slow)", c.Slow)
@@ -171,6 +179,7 @@ type Telemetry struct {
 	prom   *http.Server
 	spans  *spanWorker
 	source *source
+	rt     *fetcher.Runtime // set by Attach when traces are on: its SlowBudget's count
 }
 
 // Start makes the exporters and, with MetricsAddr, starts serving /metrics. warn prints one
@@ -337,6 +346,8 @@ func (t *Telemetry) Attach(rt *fetcher.Runtime) {
 	rt.Tracer = t.spans
 	rt.TraceSample = fetcher.SampleThreshold(t.cfg.Sample)
 	rt.TraceSlow = t.cfg.Slow
+	rt.SlowBudget.PerSecond = t.cfg.SlowMax
+	t.rt = rt
 	t.spans.describe, _ = rt.Slots.Backend().(fetcher.LoadDescriber)
 	rt.Evictor.Trace = t.spans.evicted
 }
@@ -348,6 +359,15 @@ func (t *Telemetry) Dropped() int64 {
 		return 0
 	}
 	return t.spans.dropped.Load()
+}
+
+// SlowSkipped is how many faults slower than --trace-slow were not traced because
+// --trace-slow-max of them had been that second.
+func (t *Telemetry) SlowSkipped() int64 {
+	if t.rt == nil {
+		return 0
+	}
+	return t.rt.SlowBudget.Skipped()
 }
 
 // Shutdown makes the last spans, flushes every exporter (the metrics' last collection is the

@@ -21,6 +21,7 @@ func telemetryFlags() []cli.Flag {
 		&cli.StringFlag{Name: "otlp-protocol", Usage: "grpc or http/protobuf; default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf for port 4318, else grpc"},
 		&cli.StringFlag{Name: "trace-sample", Value: strconv.FormatFloat(telemetry.DefaultSample, 'g', -1, 64), Usage: "with an OTLP endpoint or --trace-stdout: the share of faults traced, 0 to 1 (head sampling;\n\tan unsampled fast fault costs nothing more than a few clock reads)"},
 		&cli.StringFlag{Name: "trace-slow", Value: telemetry.DefaultSlow.String(), Usage: "trace every fault slower than DURATION, sampled or not (0: none)"},
+		&cli.Int64Flag{Name: "trace-slow-max", Value: telemetry.DefaultSlowMax, Usage: "but at most N a second: past that, slow faults are counted, not traced (0: no bound)"},
 		&cli.BoolFlag{Name: "trace-stdout", Usage: "also print the spans on stdout (debugging; the program's stdout is the same)"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (fault latency histogram, counts...) on HOST:PORT/metrics"},
 		&cli.StringFlag{Name: "stats", Usage: "print one line of live figures on stderr every DURATION (e.g. 1s): faults/s by source\n\twith p99, evictions/s, resident vs cap"},
@@ -30,7 +31,7 @@ func telemetryFlags() []cli.Flag {
 // telemetryOptions reads the flags and the environment; bad input is a usage error.
 func telemetryOptions(c *cli.Context, program string) (telemetry.Config, time.Duration, error) {
 	cfg := telemetry.Config{Endpoint: c.String("otlp"), Protocol: c.String("otlp-protocol"), Stdout: c.Bool("trace-stdout"),
-		MetricsAddr: c.String("metrics-addr"), Program: filepath.Base(program)}
+		MetricsAddr: c.String("metrics-addr"), Program: filepath.Base(program), SlowMax: c.Int64("trace-slow-max")}
 	var err error
 	if cfg.Sample, err = strconv.ParseFloat(c.String("trace-sample"), 64); err != nil {
 		return cfg, 0, usagef("--trace-sample %q: give a ratio from 0 to 1 (0.01: one fault in a hundred)", c.String("trace-sample"))
@@ -71,5 +72,8 @@ func stopTelemetry(t *telemetry.Telemetry, quiet bool) {
 	t.Shutdown(ctx) // errors went to the error handler's one warning
 	if n := t.Dropped(); n > 0 && !quiet {
 		fmt.Fprintf(os.Stderr, "farmem: telemetry: %d sampled records were not traced (the span exporter was behind)\n", n)
+	}
+	if n := t.SlowSkipped(); n > 0 && !quiet {
+		fmt.Fprintf(os.Stderr, "farmem: telemetry: %d faults slower than --trace-slow were not traced (over --trace-slow-max a second)\n", n)
 	}
 }

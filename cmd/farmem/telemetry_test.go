@@ -507,6 +507,7 @@ func TestTelemetryBadInput(t *testing.T) {
 		{[]string{"--trace-sample", "1.5"}, nil, "--trace-sample 1.5: give a ratio from 0 to 1"},
 		{[]string{"--trace-sample", "most"}, nil, `--trace-sample "most": give a ratio from 0 to 1`},
 		{[]string{"--trace-slow", "fast"}, nil, `--trace-slow "fast": give a duration`},
+		{[]string{"--trace-slow-max", "-5"}, nil, "--trace-slow-max -5: give a number of faults a second"},
 		{[]string{"--stats", "0s"}, nil, `--stats "0s": give an interval`},
 		{[]string{"--otlp", "localhost"}, nil, `--otlp "localhost": give HOST:PORT`},
 		{[]string{"--metrics-addr", "9464"}, nil, `--metrics-addr "9464": give HOST:PORT`},
