@@ -113,7 +113,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		if p.clock.on {
 			p.clock.reset()
 		}
-		p.place.fault(p.Pid(), int(tid))
+		p.place.fault(p.Pid(), int(tid), p.agentTid.Load())
 		if p.rt.Evictor.Used() > p.rt.Evictor.HighWater() {
 			p.rt.kickEvictor() // start before the cap is reached, so faults rarely wait
 		}

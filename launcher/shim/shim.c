@@ -8,7 +8,8 @@
  *      the interposed mmap, and waits for the answer so no page of it is touched unregistered;
  *   3. runs an agent thread that executes the runtime's eviction requests: madvise(MADV_DONTNEED)
  *      of page runs the runtime has already write-protected and copied out (the runtime cannot
- *      drop another process's pages itself: process_madvise(DONTNEED) is EINVAL);
+ *      drop another process's pages itself: process_madvise(DONTNEED) of another process is
+ *      EINVAL; of the caller itself it is allowed, and is how the agent drops a batch at once);
  *   4. re-arms itself in a fork child: the inherited uffd points at the parent's mm, so it is
  *      closed and a fresh one sent in the child's HELLO. If the parent had ranges registered, the
  *      child's belong to the uffd the kernel handed the runtime in the FORK event instead, which
@@ -42,6 +43,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -211,6 +213,53 @@ static long install_filter(uint64_t min_bytes)
 
 /* ---- agent thread: executes eviction requests, installs the filter, performs notified calls */
 static int agent_sock = -1;
+/* drop_runs madvise(MADV_DONTNEED)s the runs of one eviction batch and returns the first errno (0
+ * if all went well). Each run raises a REMOVE event, and its madvise waits until the runtime has
+ * read it. One process_madvise over all the runs does those waits back to back and flushes the TLB
+ * once for the batch, where a madvise per run flushes it per run: measured here on 100 one-page
+ * runs with the fault thread on the agent's CPU, 4.5-4.9 us a run against 13-56 us (the flush is an
+ * IPI to every CPU the program ran on, and each costs tens of microseconds in this VM). Linux
+ * allows process_madvise(MADV_DONTNEED) on the caller itself since 6.13 (and PIDFD_SELF_THREAD,
+ * no fd needed, since 6.15); on an older kernel the first batch finds out and every later one
+ * uses the madvise loop. */
+#define FM_PIDFD_SELF_THREAD (-10000)
+enum { PM_UNKNOWN, PM_SELF, PM_PIDFD, PM_NONE };
+static void drop_runs(struct fm_run *runs, int n, int *err)
+{
+	static int how = PM_UNKNOWN;
+	static long pidfd = -1;
+	struct iovec iov[MAX_RUNS];
+	for (int i = 0; i < n; i++) iov[i].iov_base = (void *)runs[i].addr, iov[i].iov_len = runs[i].len;
+	int i = 0;
+	while (i < n && how != PM_NONE) {
+		if (how == PM_PIDFD && pidfd < 0) pidfd = raw6(SYS_pidfd_open, raw6(SYS_getpid, 0, 0, 0, 0, 0, 0), 0, 0, 0, 0, 0);
+		long fd = how == PM_PIDFD ? pidfd : FM_PIDFD_SELF_THREAD;
+		long r = raw6(SYS_process_madvise, fd, (long)(iov + i), n - i, MADV_DONTNEED, 0, 0);
+		if (r >= 0) {
+			if (how == PM_UNKNOWN) how = PM_SELF;
+			/* r is the bytes advised: skip the runs it covers (all of them, unless an error
+			 * stopped it; the next call then reports that error). */
+			for (; i < n && (size_t)r >= iov[i].iov_len; i++) r -= iov[i].iov_len;
+			continue;
+		}
+		if (how == PM_UNKNOWN && r == -EBADF) { /* before 6.15: no PIDFD_SELF_THREAD */
+			how = PM_PIDFD;
+			continue;
+		}
+		if ((how == PM_UNKNOWN || how == PM_PIDFD) && i == 0 && (r == -EINVAL || r == -ENOSYS || r == -EPERM || (how == PM_PIDFD && pidfd < 0))) {
+			how = PM_NONE; /* before 6.13 (or no pidfd): madvise each run below */
+			break;
+		}
+		/* This run failed (the program unmapped it, say): note it and go on with the next. */
+		if (!*err) *err = -r;
+		i++;
+	}
+	for (; i < n; i++) {
+		long r = raw6(SYS_madvise, runs[i].addr, runs[i].len, MADV_DONTNEED, 0, 0, 0);
+		if (r < 0 && !*err) *err = -r;
+	}
+}
+
 static sem_t agent_ready; /* posted on MSG_AGENT_READY; start_agent waits for it */
 static void *agent_main(void *arg)
 {
@@ -256,10 +305,7 @@ static void *agent_main(void *arg)
 		if (m->type != MSG_EVICT) continue;
 		struct fm_run *runs = (struct fm_run *)(buf + sizeof *m);
 		int err = 0;
-		for (int i = 0; i < m->n && i < MAX_RUNS; i++) {
-			long r = raw6(SYS_madvise, runs[i].addr, runs[i].len, MADV_DONTNEED, 0, 0, 0);
-			if (r < 0 && !err) err = -r;
-		}
+		drop_runs(runs, m->n < MAX_RUNS ? m->n : MAX_RUNS, &err);
 		struct fm_msg done = { .type = MSG_EVICT_DONE, .version = PROTO_VERSION, .n = m->n, .a = err };
 		if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 	}
