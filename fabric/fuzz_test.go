@@ -43,6 +43,12 @@ func FuzzServe(f *testing.F) {
 	f.Add(frame(Header{Op: OpMap}, []byte{5, 0, 0, 0, 0, 0, 0, 0}))
 	f.Add(frame(Header{Op: OpMap}, []byte{6, 0, 0, 0, 0, 0, 0, 0}))
 	f.Add(frame(Header{Op: OpMap, Count: 1}, []byte{5, 0, 0, 0}))
+	tc := make([]byte, TraceContextSize) // traced requests (version 2)
+	(&TraceContext{TraceID: [16]byte{1}, SpanID: [8]byte{2}, Flags: 1}).put(tc)
+	f.Add(frame(Header{Op: OpRead, Count: 1, Flags: FlagTraced}, tc, addrBytes(Addr{5, 1})))
+	f.Add(frame(Header{Op: OpWrite, Count: 1, Flags: FlagTraced}, tc, addrBytes(Addr{5, 2}), page))
+	f.Add(frame(Header{Op: OpRead, Count: 1, Flags: FlagTraced}, make([]byte, TraceContextSize), addrBytes(Addr{5, 1})))
+	f.Add(frame(Header{Op: OpFree, Flags: FlagTraced}, tc, []byte{9, 0, 0, 0, 0, 0, 0, 0}))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
@@ -94,12 +100,14 @@ func FuzzServe(f *testing.F) {
 func FuzzParseHeader(f *testing.F) {
 	f.Add(frame(Header{Op: OpRead, Count: 3, ID: 9}, make([]byte, 36)))
 	f.Add(frame(Header{Op: OpWrite, Count: MaxPages}))
+	f.Add(frame(Header{Op: OpRead, Count: 2, Flags: FlagTraced}, make([]byte, TraceContextSize+2*AddrSize)))
+	f.Add(frame(Header{Op: OpCreate, Flags: FlagTraced | 2}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := ParseHeader(b)
 		if err != nil {
 			return
 		}
-		if h.Count > MaxPages || h.Len > MaxPages*(AddrSize+PageSize) {
+		if h.Count > MaxPages || h.Len > TraceContextSize+MaxPages*(AddrSize+PageSize) || h.Flags&^FlagTraced != 0 {
 			t.Fatalf("ParseHeader let through %+v", h)
 		}
 		var back [HeaderSize]byte

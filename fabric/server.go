@@ -31,6 +31,7 @@ type Server struct {
 	capacity int64 // pages
 	logf     func(format string, args ...any)
 	spin     time.Duration
+	trace    func(*TracedRequest)
 
 	mu    sync.RWMutex
 	slabs map[uint64]*slab // protected by mu
@@ -52,6 +53,27 @@ type ServerConfig struct {
 	// Spin is how long a connection polls for the client's next request after answering one,
 	// before it sleeps (0: it sleeps at once); see DialConfig.Spin.
 	Spin time.Duration
+	// Trace, if set, is told of every traced request (FlagTraced: tcp Reads and Writes of a
+	// client's sampled faults) once it is answered, on the connection's goroutine: it must be
+	// quick (hand the record on) and must not keep the pointer. This is the whole of tracing in
+	// this package: the spans are made by the caller (package telemetry), so that fabric, under
+	// everything else, does not depend on OpenTelemetry.
+	Trace func(r *TracedRequest)
+}
+
+// TracedRequest is one traced request as the server served it.
+type TracedRequest struct {
+	Context    TraceContext // the client's span the request is part of: the parent
+	Op         Op           // OpRead or OpWrite
+	Session    SessionID
+	Peer       string
+	Start, End time.Time // from its header read to its answer written
+	Pages      int
+	Slab       uint64 // the first page's slab (0 for no pages)
+	Slabs      int    // its runs of pages in one slab: the slabs it touched, as clients group them (0 if refused)
+	Status     Status // StatusOK, or why it was refused
+	Message    string // the refusal's message
+	Err        error  // the connection failed while serving it (the client may not have the answer)
 }
 
 // handshakeTimeout bounds how long a connection may take to authenticate.
@@ -66,7 +88,7 @@ func NewServer(cfg ServerConfig) *Server {
 		logf = func(string, ...any) {}
 	}
 	return &Server{token: cfg.Token, instance: hex.EncodeToString(id[:]), capacity: cfg.CapacityPages,
-		logf: logf, spin: cfg.Spin, slabs: map[uint64]*slab{}, conns: map[*serverConn]bool{}}
+		logf: logf, spin: cfg.Spin, trace: cfg.Trace, slabs: map[uint64]*slab{}, conns: map[*serverConn]bool{}}
 }
 
 // Instance is this server process's id: the ctrl's grants name it, so a restarted server (a new
@@ -185,10 +207,11 @@ type serverConn struct {
 	session SessionID
 
 	hdr     [HeaderSize]byte
-	payload []byte   // requests' addresses and control payloads
-	bufs    [][]byte // scratch for vectored I/O
-	scratch []byte   // where the pages of a refused write go
-	held    []*slab  // slabs the current request holds references on
+	payload []byte        // requests' addresses and control payloads
+	bufs    [][]byte      // scratch for vectored I/O
+	scratch []byte        // where the pages of a refused write go
+	held    []*slab       // slabs the current request holds references on
+	traced  TracedRequest // the traced request being served, for Server.trace
 }
 
 func (c *serverConn) run() {
@@ -298,6 +321,9 @@ func (c *serverConn) refuse(req Header, st Status, msg string) error {
 	if len(msg) > maxControlPayload {
 		msg = msg[:maxControlPayload]
 	}
+	if req.Flags&FlagTraced != 0 {
+		c.traced.Status, c.traced.Message = st, msg
+	}
 	return c.send(Header{Op: req.Op, Status: st, ID: req.ID}, []byte(msg))
 }
 
@@ -306,6 +332,10 @@ func (c *serverConn) refuse(req Header, st Status, msg string) error {
 func (c *serverConn) serve(h Header) error {
 	if h.Status != StatusOK {
 		return fmt.Errorf("%w: a request with status %d", ErrMalformed, h.Status)
+	}
+	var start time.Time
+	if h.Flags&FlagTraced != 0 && c.srv.trace != nil { // an untraced request reads no clock
+		start = time.Now()
 	}
 	switch h.Op {
 	case OpCreate:
@@ -334,12 +364,15 @@ func (c *serverConn) serve(h Header) error {
 		}
 		return c.send(Header{Op: h.Op, ID: h.ID}, nil)
 	case OpRead:
-		if h.Len != h.Count*AddrSize {
+		if h.Len != traceContextLen(h)+h.Count*AddrSize {
 			return fmt.Errorf("%w: read of %d pages with %d bytes of addresses", ErrMalformed, h.Count, h.Len)
 		}
 		p, err := c.readPayload(h.Len)
 		if err != nil {
 			return err
+		}
+		if h.Flags&FlagTraced != 0 {
+			return c.serveTraced(h, p, start)
 		}
 		return c.read(h, p)
 	case OpMap:
@@ -357,16 +390,51 @@ func (c *serverConn) serve(h Header) error {
 	case OpRDMAConnect, OpRDMARegister:
 		return c.serveRDMA(h) // rdma_server.go; rdma_stub.go refuses them
 	case OpWrite:
-		if h.Len != h.Count*(AddrSize+PageSize) {
+		if h.Len != traceContextLen(h)+h.Count*(AddrSize+PageSize) {
 			return fmt.Errorf("%w: write of %d pages with %d bytes", ErrMalformed, h.Count, h.Len)
 		}
-		p, err := c.readPayload(h.Count * AddrSize)
+		p, err := c.readPayload(traceContextLen(h) + h.Count*AddrSize)
 		if err != nil {
 			return err
+		}
+		if h.Flags&FlagTraced != 0 {
+			return c.serveTraced(h, p, start)
 		}
 		return c.write(h, p)
 	}
 	return fmt.Errorf("%w: unknown op %v", ErrMalformed, h.Op)
+}
+
+// traceContextLen is the length of h's trace context: TraceContextSize if it has one.
+func traceContextLen(h Header) uint32 {
+	if h.Flags&FlagTraced != 0 {
+		return TraceContextSize
+	}
+	return 0
+}
+
+// serveTraced serves a traced Read or Write whose payload p (trace context and addresses) has
+// been read, and tells Server.trace how it went. start is when its header was read.
+func (c *serverConn) serveTraced(h Header, p []byte, start time.Time) error {
+	tc, err := parseTraceContext(p)
+	if err != nil {
+		return err
+	}
+	addrs := p[TraceContextSize:]
+	c.traced = TracedRequest{Context: tc, Op: h.Op, Session: c.session, Peer: c.peer, Start: start, Pages: int(h.Count)}
+	if h.Count > 0 {
+		c.traced.Slab = addrAt(addrs, 0).Slab
+	}
+	if h.Op == OpRead {
+		err = c.read(h, addrs)
+	} else {
+		err = c.write(h, addrs)
+	}
+	if c.srv.trace != nil {
+		c.traced.End, c.traced.Err = time.Now(), err
+		c.srv.trace(&c.traced)
+	}
+	return err
 }
 
 // acquire resolves the request's addresses to pages, for this session only, taking a reference
@@ -394,6 +462,9 @@ func (c *serverConn) acquire(h Header, addrs []byte) (Status, string) {
 			return StatusRange, fmt.Sprintf("page %d is beyond slab %d's %d pages", a.Page, a.Slab, sl.pages())
 		}
 		c.bufs = append(c.bufs, sl.page(a.Page))
+	}
+	if h.Flags&FlagTraced != 0 {
+		c.traced.Slabs = len(c.held)
 	}
 	return StatusOK, ""
 }

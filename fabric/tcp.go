@@ -28,6 +28,14 @@ type Transport interface {
 	Close() error
 }
 
+// TracedReader is a Transport whose reads can carry the trace context of the client span they
+// are part of (FlagTraced), so that the server's span of the read joins the client's trace. Only
+// the tcp transport has it: shm and rdma reads make no request the server's CPU serves, so
+// there is nothing on the server to trace.
+type TracedReader interface {
+	ReadTraced(addrs []Addr, pages []byte, tc TraceContext) error
+}
+
 // DialConfig says who is calling and how patiently.
 type DialConfig struct {
 	Token   Token
@@ -110,6 +118,7 @@ type clientConn struct {
 	hdr      [HeaderSize]byte
 	rhdr     [HeaderSize]byte
 	addrs    []byte // MaxPages*AddrSize
+	tc       [TraceContextSize]byte
 	bufs     [][]byte
 }
 
@@ -174,12 +183,17 @@ func (c *clientConn) handshake(addr string, cfg DialConfig) error {
 // call sends one request (header plus payload buffers) and reads its answer into dst, which
 // must be exactly the size of a successful answer's payload.
 func (c *clientConn) call(op Op, count int, payload [][]byte, dst []byte) error {
+	return c.callFlags(op, 0, count, payload, dst)
+}
+
+// callFlags is call with header flags (FlagTraced: payload begins with the trace context).
+func (c *clientConn) callFlags(op Op, flags uint32, count int, payload [][]byte, dst []byte) error {
 	c.id++
 	n := 0
 	for _, b := range payload {
 		n += len(b)
 	}
-	(&Header{Op: op, Count: uint32(count), ID: c.id, Len: uint32(n)}).Put(c.hdr[:])
+	(&Header{Op: op, Flags: flags, Count: uint32(count), ID: c.id, Len: uint32(n)}).Put(c.hdr[:])
 	c.bufs = append(append(c.bufs[:0], c.hdr[:]), payload...)
 	if err := c.writev(c.bufs); err != nil {
 		return err
@@ -204,6 +218,9 @@ func (c *clientConn) recv(op Op, dst []byte) error {
 	}
 	if h.ID != c.id || h.Op != op {
 		return fmt.Errorf("%w: answer %v #%d to request %v #%d", ErrMalformed, h.Op, h.ID, op, c.id)
+	}
+	if h.Flags != 0 {
+		return fmt.Errorf("%w: %v answer with flags %#x (only requests carry a trace context)", ErrMalformed, op, h.Flags)
 	}
 	have := got - HeaderSize
 	if h.Status != StatusOK {
@@ -314,26 +331,54 @@ func (t *TCPClient) Free(slab uint64) error {
 }
 
 // Write implements Transport.
-func (t *TCPClient) Write(addrs []Addr, pages []byte) error { return t.transfer(OpWrite, addrs, pages) }
+func (t *TCPClient) Write(addrs []Addr, pages []byte) error {
+	return t.transfer(OpWrite, addrs, pages, nil)
+}
 
 // Read implements Transport.
-func (t *TCPClient) Read(addrs []Addr, pages []byte) error { return t.transfer(OpRead, addrs, pages) }
+func (t *TCPClient) Read(addrs []Addr, pages []byte) error {
+	return t.transfer(OpRead, addrs, pages, nil)
+}
+
+// ReadTraced implements TracedReader: Read, each request carrying tc (a request per MaxPages
+// pages, so the server makes a span for each, all children of tc's span).
+func (t *TCPClient) ReadTraced(addrs []Addr, pages []byte, tc TraceContext) error {
+	return t.transfer(OpRead, addrs, pages, &tc)
+}
+
+// WriteTraced is Write with each request carrying tc, as ReadTraced.
+func (t *TCPClient) WriteTraced(addrs []Addr, pages []byte, tc TraceContext) error {
+	return t.transfer(OpWrite, addrs, pages, &tc)
+}
 
 // transfer moves pages in requests of at most MaxPages: a Write's pages follow its addresses,
-// a Read's come back as the answer.
-func (t *TCPClient) transfer(op Op, addrs []Addr, pages []byte) error {
+// a Read's come back as the answer. tc, if not nil, is sent before the addresses (FlagTraced).
+func (t *TCPClient) transfer(op Op, addrs []Addr, pages []byte, tc *TraceContext) error {
 	if err := checkPages(addrs, pages); err != nil {
 		return err
 	}
+	if tc != nil && !tc.Valid() {
+		return fmt.Errorf("fabric: %v with a zero trace context", op)
+	}
 	return t.do(func(c *clientConn) error {
+		var flags uint32
+		if tc != nil {
+			tc.put(c.tc[:])
+			flags = FlagTraced
+		}
 		for len(addrs) > 0 {
 			n := min(len(addrs), MaxPages)
 			a := c.addrs[:n*AddrSize]
 			PutAddrs(a, addrs[:n])
 			var err error
-			if op == OpWrite {
+			switch {
+			case op == OpWrite && tc != nil:
+				err = c.callFlags(op, flags, n, [][]byte{c.tc[:], a, pages[:n*PageSize]}, nil)
+			case op == OpWrite:
 				err = c.call(op, n, [][]byte{a, pages[:n*PageSize]}, nil)
-			} else {
+			case tc != nil:
+				err = c.callFlags(op, flags, n, [][]byte{c.tc[:], a}, pages[:n*PageSize])
+			default:
 				err = c.call(op, n, [][]byte{a}, pages[:n*PageSize])
 			}
 			if err != nil {

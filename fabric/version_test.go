@@ -1,14 +1,22 @@
 package fabric
 
 import (
+	"fmt"
 	"net"
 	"strings"
 	"testing"
 )
 
-// A peer of another protocol version is refused by name, in both directions.
+// A peer of another protocol version is refused by name, in both directions: one from before
+// traced requests (v1) and one from the future (v3).
 func TestVersionMismatchSaysSo(t *testing.T) {
-	// A server from the future: its challenge carries version 2.
+	for _, other := range []uint16{Version - 1, Version + 1} {
+		t.Run(fmt.Sprintf("v%d", other), func(t *testing.T) { versionMismatch(t, other) })
+	}
+}
+
+func versionMismatch(t *testing.T, other uint16) {
+	// A server of the other version: its challenge carries that version.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -20,17 +28,18 @@ func TestVersionMismatchSaysSo(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		payload := []byte{2, 0} // version 2; the rest of a v2 challenge is unknown to us
+		payload := []byte{byte(other), 0} // the rest of its challenge is unknown to us
 		c.Write(frame(Header{Op: OpChallenge}, payload))
 		var b [64]byte
 		c.Read(b[:])
 	}()
 	_, err = DialTCP(ln.Addr().String(), DialConfig{Token: testToken, Session: NewSessionID()})
-	if err == nil || !strings.Contains(err.Error(), "speaks fabric protocol v2, this farmem speaks v1") {
-		t.Fatalf("dialing a v2 server: %v", err)
+	want := fmt.Sprintf("speaks fabric protocol v%d, this farmem speaks v%d", other, Version)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("dialing a v%d server: %v, want %q", other, err, want)
 	}
 
-	// A client from the future, against our server.
+	// A client of the other version, against our server.
 	_, addr := startServer(t, 10)
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -45,18 +54,19 @@ func TestVersionMismatchSaysSo(t *testing.T) {
 	if _, err := readFull(c, make([]byte, h.Len)); err != nil {
 		t.Fatal(err)
 	}
-	c.Write(frame(Header{Op: OpHello}, []byte{2, 0}))
+	c.Write(frame(Header{Op: OpHello}, []byte{byte(other), 0}))
 	if _, err := readFull(c, hdr); err != nil {
 		t.Fatal(err)
 	}
 	h, err = ParseHeader(hdr)
 	if err != nil || h.Status != StatusVersion {
-		t.Fatalf("server answered a v2 hello with %+v %v, want StatusVersion", h, err)
+		t.Fatalf("server answered a v%d hello with %+v %v, want StatusVersion", other, h, err)
 	}
 	msg := make([]byte, h.Len)
 	readFull(c, msg)
-	if !strings.Contains(string(msg), "speaks fabric protocol v1, the client v2") {
-		t.Fatalf("server's refusal does not name the versions: %q", msg)
+	want = fmt.Sprintf("speaks fabric protocol v%d, the client v%d", Version, other)
+	if !strings.Contains(string(msg), want) {
+		t.Fatalf("server's refusal does not name the versions: %q, want %q", msg, want)
 	}
 }
 

@@ -1,11 +1,11 @@
 // Package fabric moves 4 KiB pages between a farmem runtime and memory servers: the wire
 // protocol, the memory server, and the transports that speak it.
 //
-// # Protocol (version 1)
+// # Protocol (version 2)
 //
 // Every frame is a 24-byte little-endian header and Len bytes of payload:
 //
-//	magic u16 | op u8 | status u8 | count u32 | id u64 | len u32 | reserved u32 (zero)
+//	magic u16 | op u8 | status u8 | count u32 | id u64 | len u32 | flags u32
 //
 // A connection opens with the server's Challenge (its protocol version, a fresh nonce and its
 // instance id); the client answers with Hello (its version, its session id and the token's MAC
@@ -22,6 +22,27 @@
 // A session owns the slabs it created; a request naming a slab of another session is answered
 // exactly like one naming no slab at all.
 //
+// # Traced requests (new in version 2)
+//
+// flags (version 1's reserved word, then always zero) has one bit, FlagTraced, allowed on Read
+// and Write requests only: the payload then begins with a 25-byte trace context, the W3C trace
+// context of the client span the request is part of (trace id [16]byte, span id [8]byte, trace
+// flags u8), before the addresses (and a Write's pages); Len counts it. The server makes a span
+// of its own for the request, a child of that remote span, so that one trace shows the client's
+// page fault, its backend fetch and the memory server's read (ServerConfig.Trace). Any other
+// flag bit, the flag on any other op, on an answer or with a non-OK status, and a context with
+// a zero trace or span id are malformed frames.
+// A request without the flag is exactly a version 1 request.
+//
+// Only requests a server serves with its own CPU can be traced: over tcp, Read and Write. The
+// shm and rdma transports move pages with no request to the server at all (memcpy into a shared
+// mapping, one-sided RDMA), so a fault read through them has no server span.
+//
+// Why a new version, not a new request within version 1 as Map was: a version 1 server closes
+// the connection on any header with flags set, as malformed, and a client could not tell
+// beforehand whether its server would. Peers of versions 1 and 2 are refused at the handshake
+// instead, by name (run the same farmem version on both).
+//
 // # Map (the shm transport, same host)
 //
 // On a unix-socket connection a client may also send Map: payload the slab id (u64); the answer
@@ -29,9 +50,7 @@
 // slab's memfd, which the client maps shared and reads and writes with plain loads and stores
 // (no server CPU on the data path). Only the session's own slabs are mapped (any other slab is
 // refused with StatusNoSlab, like a read); the memfd is sealed against growing and shrinking.
-// Map over tcp is a malformed frame (the connection closes). Map was added within version 1:
-// it is a new request only, no existing frame changed, and tcp peers never send it, so peers
-// of this version and older ones still interoperate over tcp.
+// Map over tcp is a malformed frame (the connection closes). Map was added within version 1.
 //
 // # RDMA connect and register (the rdma transport)
 //
@@ -69,7 +88,7 @@ import (
 )
 
 // Version is the fabric protocol version this build speaks.
-const Version = 1
+const Version = 2
 
 // PageSize is the unit of every read and write.
 const PageSize = 4096
@@ -82,6 +101,12 @@ const AddrSize = 12
 
 // MaxPages bounds the pages of one Read or Write (4 MiB of data).
 const MaxPages = 1024
+
+// FlagTraced marks a Read or Write request whose payload begins with a TraceContext.
+const FlagTraced uint32 = 1
+
+// TraceContextSize is the size of a trace context on the wire.
+const TraceContextSize = 16 + 8 + 1
 
 // maxControlPayload bounds every payload that is not page data (handshake, grants, messages).
 const maxControlPayload = 512
@@ -149,6 +174,7 @@ type Header struct {
 	Count  uint32
 	ID     uint64
 	Len    uint32
+	Flags  uint32
 }
 
 // Put encodes h into b[:HeaderSize].
@@ -160,7 +186,7 @@ func (h *Header) Put(b []byte) {
 	binary.LittleEndian.PutUint32(b[4:], h.Count)
 	binary.LittleEndian.PutUint64(b[8:], h.ID)
 	binary.LittleEndian.PutUint32(b[16:], h.Len)
-	binary.LittleEndian.PutUint32(b[20:], 0)
+	binary.LittleEndian.PutUint32(b[20:], h.Flags)
 }
 
 // ErrMalformed is wrapped by every decoding error.
@@ -175,9 +201,12 @@ func ParseHeader(b []byte) (Header, error) {
 		return Header{}, fmt.Errorf("%w: bad magic %#04x (not a farmem fabric peer?)", ErrMalformed, m)
 	}
 	h := Header{Op: Op(b[2]), Status: Status(b[3]), Count: binary.LittleEndian.Uint32(b[4:]),
-		ID: binary.LittleEndian.Uint64(b[8:]), Len: binary.LittleEndian.Uint32(b[16:])}
-	if binary.LittleEndian.Uint32(b[20:]) != 0 {
-		return Header{}, fmt.Errorf("%w: reserved bits set", ErrMalformed)
+		ID: binary.LittleEndian.Uint64(b[8:]), Len: binary.LittleEndian.Uint32(b[16:]), Flags: binary.LittleEndian.Uint32(b[20:])}
+	if h.Flags&^FlagTraced != 0 {
+		return Header{}, fmt.Errorf("%w: unknown flags %#x", ErrMalformed, h.Flags)
+	}
+	if h.Flags&FlagTraced != 0 && (h.Status != StatusOK || (h.Op != OpRead && h.Op != OpWrite)) {
+		return Header{}, fmt.Errorf("%w: a traced %v with status %d (only Read and Write requests carry a trace context)", ErrMalformed, h.Op, h.Status)
 	}
 	if h.Count > MaxPages {
 		return Header{}, fmt.Errorf("%w: %d pages in one %v (at most %d)", ErrMalformed, h.Count, h.Op, MaxPages)
@@ -194,8 +223,12 @@ func maxPayload(h Header) uint32 {
 	switch {
 	case h.Status != StatusOK:
 		return maxControlPayload
+	case h.Op == OpWrite && h.Flags&FlagTraced != 0:
+		return TraceContextSize + n*(AddrSize+PageSize)
 	case h.Op == OpWrite:
 		return n * (AddrSize + PageSize) // request; its answer is empty
+	case h.Op == OpRead && h.Flags&FlagTraced != 0:
+		return TraceContextSize + n*AddrSize // a request: answers are never traced
 	case h.Op == OpRead:
 		return max(n*AddrSize, n*PageSize)
 	case h.Op == OpChallenge || h.Op == OpHello || h.Op == OpCreate || h.Op == OpFree || h.Op == OpMap ||
@@ -203,6 +236,38 @@ func maxPayload(h Header) uint32 {
 		return maxControlPayload
 	}
 	return 0
+}
+
+// TraceContext is the W3C trace context a traced request carries: the client span it is part
+// of. A plain value, so that this package needs nothing of OpenTelemetry.
+type TraceContext struct {
+	TraceID [16]byte
+	SpanID  [8]byte
+	Flags   uint8 // W3C trace flags: bit 0, sampled
+}
+
+// Valid reports whether tc names a span: a zero trace or span id is no context at all.
+func (tc *TraceContext) Valid() bool { return tc.TraceID != [16]byte{} && tc.SpanID != [8]byte{} }
+
+// put encodes tc into b[:TraceContextSize].
+func (tc *TraceContext) put(b []byte) {
+	_ = b[TraceContextSize-1]
+	copy(b, tc.TraceID[:])
+	copy(b[16:], tc.SpanID[:])
+	b[24] = tc.Flags
+}
+
+// parseTraceContext decodes b[:TraceContextSize]. An invalid context is malformed: a client
+// that has none sends no flag.
+func parseTraceContext(b []byte) (TraceContext, error) {
+	var tc TraceContext
+	copy(tc.TraceID[:], b[:16])
+	copy(tc.SpanID[:], b[16:24])
+	tc.Flags = b[24]
+	if !tc.Valid() {
+		return tc, fmt.Errorf("%w: a trace context with a zero trace or span id", ErrMalformed)
+	}
+	return tc, nil
 }
 
 // Addr names one page: a slab and a page index in it.
