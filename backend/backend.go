@@ -43,3 +43,28 @@ type BatchLoader interface {
 	// tries every copy and says what failed.
 	LoadBatch(slots []Slot, dst []byte) error
 }
+
+// TraceContext is the W3C trace context of the span a load is part of: trace id, span id and
+// trace flags (bit 0: sampled). A plain value: the fault path and the backends know nothing of
+// OpenTelemetry (package telemetry makes the spans, after the fact, with these ids).
+type TraceContext struct {
+	TraceID [16]byte
+	SpanID  [8]byte
+	Flags   uint8
+}
+
+// LoadedFrom says which copy answered a load: the memory server's address, its transport (tcp,
+// shm, rdma) and the replica's index in its slab.
+type LoadedFrom struct {
+	Server, Transport string
+	Replica           int
+}
+
+// TracedLoader is a Backend whose loads can carry the trace context of the fault they serve: a
+// memory server reached over tcp makes its own span of the read, a child of tc's span, so that
+// one trace shows the fault and the server's side of it. The fault path uses it for the faults
+// the head sampler picked, before they are served; it must cost a load nothing more.
+type TracedLoader interface {
+	// LoadTraced is Load, carrying tc where the transport can, and saying which copy answered.
+	LoadTraced(slot Slot, dst []byte, tc TraceContext) (LoadedFrom, error)
+}

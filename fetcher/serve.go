@@ -111,7 +111,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		flags, addr, tid := m.Pagefault()
 		pg := addr &^ (ps - 1)
 		if p.clock.on {
-			p.clock.reset()
+			p.clock.reset(p.rt.TraceSample)
 		}
 		p.place.fault(p.Pid(), int(tid), p.agentTid.Load())
 		if p.rt.Evictor.Used() > p.rt.Evictor.HighWater() {
@@ -210,7 +210,7 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	} else {
 		p.clock.mark(&p.clock.lookup)
 		p.clock.slot = e.Slot
-		if err := p.rt.Slots.Backend().Load(e.Slot, buf); err != nil {
+		if err := p.fetchPage(e.Slot, buf); err != nil {
 			p.Fail(fmt.Errorf("page %#x: %w", pg, err))
 			return served, FromBackend
 		}

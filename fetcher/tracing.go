@@ -1,6 +1,8 @@
 package fetcher
 
 import (
+	"encoding/binary"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 	_ "unsafe" // go:linkname
@@ -12,8 +14,17 @@ import (
 // This file is the fault path's side of tracing: plain values and one small interface. The
 // fault thread takes a few monotonic timestamps into a fixed struct it owns and, only once a
 // fault is served and its thread woken, hands a copy of them to Runtime.Tracer if the fault was
-// sampled (a per-process xorshift draw, no lock, no allocation) or took longer than TraceSlow.
-// Everything OpenTelemetry (spans, exporters) lives behind Tracer, in package telemetry.
+// sampled or took longer than TraceSlow. Everything OpenTelemetry (spans, exporters) lives
+// behind Tracer, in package telemetry.
+//
+// The head sampler draws (a per-process xorshift draw, no lock, no allocation) when an attempt
+// to serve a fault begins, not after it: a sampled fault is given its trace id and the span id
+// of its backend fetch then, so that its read can carry them to a memory server (over tcp),
+// whose span of the read joins the fault's trace. The spans themselves are still made after the
+// fact, by package telemetry, with exactly these ids. Drawing earlier changes nothing in the
+// statistics: each served fault is still kept with probability TraceSample (a fault served at
+// its second attempt keeps its last attempt's draw). A fault kept for being slow is only known
+// to be slow afterwards: its read carried no context, and no server span joins its trace.
 
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64
@@ -46,6 +57,14 @@ type FaultRecord struct {
 	// of PrefetchPages pages that follows the wake (the program runs on meanwhile).
 	PrefetchStart, PrefetchEnd    time.Duration
 	PrefetchPages, PrefetchPlaced int
+	// TraceID and FetchSpan are the ids a head-sampled fault was given when it began (zero for
+	// one kept for being slow): its span must be in trace TraceID and its backend fetch span
+	// must be FetchSpan, which the memory server's span of the read names as its parent.
+	TraceID   [16]byte
+	FetchSpan [8]byte
+	// From is the copy that answered the fetch, when the backend said (a head-sampled fault's
+	// traced load); else zero, and the tracer asks LoadDescriber.
+	From backend.LoadedFrom
 }
 
 // PrefetchRecord is one batch of the prefetch worker (memory servers).
@@ -67,7 +86,8 @@ type Tracer interface {
 
 // LoadDescriber is implemented by backends that can say where a slot is read from (the
 // memory-server store): the server, its transport and which replica. The tracer asks after
-// the fault, only for sampled faults; it names the copy a read prefers at that moment.
+// the fault, only for traced faults that do not know (FaultRecord.From is zero: those kept for
+// being slow); it names the copy a read prefers at that moment.
 type LoadDescriber interface {
 	DescribeLoad(slot backend.Slot) (server, transport string, replica int, ok bool)
 }
@@ -83,10 +103,51 @@ type faultClock struct {
 	pages                               int
 	retried                             bool
 	rng                                 uint64 // xorshift64 state of the head sampler
+	// head: the head sampler picked this attempt; traceID and fetchSpan are then its ids, and
+	// from the copy its fetch was answered by.
+	head      bool
+	traceID   [16]byte
+	fetchSpan [8]byte
+	from      backend.LoadedFrom
 }
 
-func (c *faultClock) reset() {
+// reset starts an attempt to serve a fault: the clock, and the head sampler's draw with
+// threshold (SampleThreshold of the ratio).
+func (c *faultClock) reset(threshold uint64) {
 	*c = faultClock{on: c.on, rng: c.rng, retried: c.retried, begin: nanotime()}
+	if c.head = c.sample(threshold); c.head {
+		c.traceID, c.fetchSpan = newTraceIDs()
+	}
+}
+
+// newTraceIDs returns a fresh trace id and span id, never zero (W3C: an all-zero id is none).
+// math/rand/v2's top-level generator is the runtime's: a ChaCha8 state per thread, seeded from
+// the kernel, read with no lock and no allocation, and random enough for ids that must not
+// collide across processes and machines (a counter or the sampler's xorshift would).
+func newTraceIDs() (traceID [16]byte, spanID [8]byte) {
+	for traceID == [16]byte{} {
+		binary.LittleEndian.PutUint64(traceID[:], rand.Uint64())
+		binary.LittleEndian.PutUint64(traceID[8:], rand.Uint64())
+	}
+	for spanID == [8]byte{} {
+		binary.LittleEndian.PutUint64(spanID[:], rand.Uint64())
+	}
+	return traceID, spanID
+}
+
+// fetchPage reads a backend fault's page. A head-sampled fault's read carries its trace context
+// where the backend takes one (a memory server over tcp makes its span of the read a child of
+// the fault's backend fetch span) and learns which copy answered; any other read is Load.
+func (p *Process) fetchPage(slot backend.Slot, buf []byte) error {
+	b := p.rt.Slots.Backend()
+	if c := &p.clock; c.head {
+		if tl, ok := b.(backend.TracedLoader); ok {
+			from, err := tl.LoadTraced(slot, buf, backend.TraceContext{TraceID: c.traceID, SpanID: c.fetchSpan, Flags: 1})
+			c.from = from
+			return err
+		}
+	}
+	return b.Load(slot, buf)
 }
 
 func (c *faultClock) mark(t *int64) {
@@ -123,7 +184,7 @@ func SampleThreshold(ratio float64) uint64 {
 // (already measured for the histogram); readMono is Read on the nanotime clock.
 func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time.Time, d time.Duration) {
 	c := &p.clock
-	head := c.sample(p.rt.TraceSample)
+	head := c.head
 	if !head && (p.rt.TraceSlow <= 0 || d < p.rt.TraceSlow || !p.rt.SlowBudget.take()) {
 		return
 	}
@@ -145,7 +206,11 @@ func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time
 	r := FaultRecord{Pid: p.Pid(), Addr: pg, Kind: kind, Source: src, Head: head, Waited: c.retried, Read: since,
 		Begin: off(c.begin), Lookup: off(c.lookup), Fetch: off(c.fetch), Install: off(c.install), Wake: off(c.wake), End: d,
 		Pages: max(c.pages, 1), Slot: c.slot,
-		PrefetchStart: off(c.pfStart), PrefetchEnd: off(c.pfEnd), PrefetchPages: c.pfPages, PrefetchPlaced: c.pfPlaced}
+		PrefetchStart: off(c.pfStart), PrefetchEnd: off(c.pfEnd), PrefetchPages: c.pfPages, PrefetchPlaced: c.pfPlaced,
+		From: c.from}
+	if head {
+		r.TraceID, r.FetchSpan = c.traceID, c.fetchSpan
+	}
 	tr.Fault(&r)
 }
 

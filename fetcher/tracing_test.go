@@ -3,6 +3,9 @@ package fetcher
 import (
 	"testing"
 	"time"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/pagetable"
 )
 
 type countTracer struct{ faults, prefetches int }
@@ -18,7 +21,7 @@ func TestTraceFaultSampling(t *testing.T) {
 	p.clock.on, p.clock.rng = true, 1
 	since := time.Now()
 	fault := func(d time.Duration) {
-		p.clock.reset()
+		p.clock.reset(p.rt.TraceSample)
 		p.clock.mark(&p.clock.lookup)
 		p.clock.mark(&p.clock.install)
 		p.traceFault(tr, 0, 0x7f0000001000, FromBackend, since, d)
@@ -61,7 +64,7 @@ func TestTraceFaultRecord(t *testing.T) {
 	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1)}}
 	p.clock.on, p.clock.rng = true, 1
 	since := time.Now()
-	p.clock.reset()
+	p.clock.reset(p.rt.TraceSample)
 	p.clock.mark(&p.clock.lookup)
 	p.clock.mark(&p.clock.install)
 	p.traceFault(tr, 1 /* write */, 0x2000, FromZero, since, time.Since(since))
@@ -98,7 +101,7 @@ func BenchmarkFaultTracingOverhead(b *testing.B) {
 			since := time.Now()
 			for b.Loop() {
 				if p.clock.on {
-					p.clock.reset()
+					p.clock.reset(p.rt.TraceSample)
 				}
 				p.clock.mark(&p.clock.lookup)
 				p.clock.mark(&p.clock.fetch)
@@ -129,5 +132,83 @@ func TestSlowBudget(t *testing.T) {
 		if !none.take() {
 			t.Fatal("a zero budget refused a record")
 		}
+	}
+}
+
+// tracedStore is a backend that records the trace contexts its loads carry.
+type tracedStore struct {
+	backend.Backend
+	loads  int
+	traced []backend.TraceContext
+}
+
+func (s *tracedStore) Load(backend.Slot, []byte) error { s.loads++; return nil }
+
+func (s *tracedStore) LoadTraced(_ backend.Slot, _ []byte, tc backend.TraceContext) (backend.LoadedFrom, error) {
+	s.traced = append(s.traced, tc)
+	return backend.LoadedFrom{Server: "10.0.0.7:7070", Transport: "tcp", Replica: 1}, nil
+}
+
+// A head-sampled fault has its ids before its fetch: the read carries them, and the record the
+// tracer gets names the same ones (the spans are made with them) and the copy that answered.
+// Faults not head-sampled read untraced and carry no ids, even when traced for being slow; and
+// drawing and making ids allocates nothing.
+func TestHeadSampledFaultCarriesIDs(t *testing.T) {
+	var got []FaultRecord
+	tr := tracerFunc(func(r *FaultRecord) { got = append(got, *r) })
+	store := &tracedStore{}
+	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1), TraceSlow: time.Millisecond, Slots: pagetable.NewSlots(store)}}
+	p.clock.on, p.clock.rng = true, 1
+	buf := make([]byte, PageSize)
+	fault := func(d time.Duration) {
+		p.clock.reset(p.rt.TraceSample)
+		p.clock.mark(&p.clock.lookup)
+		p.clock.slot = 5
+		if err := p.fetchPage(5, buf); err != nil {
+			t.Fatal(err)
+		}
+		p.clock.mark(&p.clock.fetch)
+		p.clock.mark(&p.clock.install)
+		p.traceFault(tr, 0, 0x7f0000001000, FromBackend, time.Now(), d)
+	}
+	fault(time.Microsecond)
+	fault(time.Microsecond)
+	if len(store.traced) != 2 || store.loads != 0 || len(got) != 2 {
+		t.Fatalf("two head-sampled faults: %d traced loads, %d plain, %d records", len(store.traced), store.loads, len(got))
+	}
+	for i, r := range got {
+		tc := store.traced[i]
+		if !r.Head || r.TraceID != tc.TraceID || r.FetchSpan != tc.SpanID || tc.Flags != 1 {
+			t.Fatalf("fault %d: record ids %x/%x, its read carried %x/%x flags %d", i, r.TraceID, r.FetchSpan, tc.TraceID, tc.SpanID, tc.Flags)
+		}
+		if r.TraceID == [16]byte{} || r.FetchSpan == [8]byte{} {
+			t.Fatalf("fault %d: zero ids %x/%x", i, r.TraceID, r.FetchSpan)
+		}
+		if r.From.Server != "10.0.0.7:7070" || r.From.Transport != "tcp" || r.From.Replica != 1 {
+			t.Fatalf("fault %d: answered by %+v, the store said 10.0.0.7:7070 tcp replica 1", i, r.From)
+		}
+	}
+	if got[0].TraceID == got[1].TraceID || got[0].FetchSpan == got[1].FetchSpan {
+		t.Fatalf("two faults got the same ids: %x/%x", got[0].TraceID, got[0].FetchSpan)
+	}
+
+	// Not head-sampled: a plain Load, and a slow one is traced with no ids (a fresh trace).
+	p.rt.TraceSample = 0
+	got, store.traced = nil, nil
+	fault(2 * time.Millisecond)
+	if store.loads != 1 || len(store.traced) != 0 || len(got) != 1 {
+		t.Fatalf("a slow fault: %d plain loads, %d traced, %d records", store.loads, len(store.traced), len(got))
+	}
+	if r := got[0]; r.Head || r.TraceID != [16]byte{} || r.FetchSpan != [8]byte{} || r.From != (backend.LoadedFrom{}) {
+		t.Fatalf("a fault kept for being slow carries ids %x/%x from %+v", r.TraceID, r.FetchSpan, r.From)
+	}
+
+	p.rt.TraceSample = SampleThreshold(1)
+	store.traced = make([]backend.TraceContext, 0, 2000)
+	if a := testing.AllocsPerRun(1000, func() {
+		p.clock.reset(p.rt.TraceSample)
+		p.fetchPage(5, buf)
+	}); a != 0 {
+		t.Fatalf("a head-sampled fault's draw, ids and traced fetch allocate %.1f times", a)
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"strings"
 
 	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/fabric"
 )
 
 // DescribeLoad says which copy of slot a read prefers now: the memory server, how it is reached
-// (the transport's Go type: tcp, shm or rdma) and the replica's index in the slab. The tracer
-// asks this after a sampled fault, so it names the copy a read would take at that moment: the
-// one the fault read unless it failed over meanwhile.
+// (tcp, shm or rdma) and the replica's index in the slab. The tracer asks this after a fault
+// kept for being slow, so it names the copy a read would take at that moment: the one the fault
+// read unless it failed over meanwhile. A head-sampled fault knows which copy answered
+// (LoadTraced) and does not ask.
 func (s *Store) DescribeLoad(slot backend.Slot) (server, transport string, replica int, ok bool) {
 	sl, _, err := s.slot(slot)
 	if err != nil {
@@ -28,22 +30,23 @@ func (s *Store) DescribeLoad(slot backend.Slot) (server, transport string, repli
 		return "", "", 0, false
 	}
 	srv := sl.replicas[best].srv
-	srv.mu.Lock()
-	t := srv.t
-	srv.mu.Unlock()
-	transport = "unknown"
-	if t != nil {
-		// *fabric.tcpConn -> "tcp"; the transports are named after their type.
-		name := strings.ToLower(strings.TrimPrefix(fmt.Sprintf("%T", t), "*fabric."))
-		for _, k := range []string{"shm", "rdma", "tcp"} {
-			if strings.Contains(name, k) {
-				name = k
-				break
-			}
-		}
-		transport = name
+	transport = srv.transportName()
+	if transport == "" {
+		transport = "unknown" // not dialed yet
 	}
 	return srv.addr, transport, best, true
+}
+
+// transportName names a transport after its type: *fabric.TCPClient -> "tcp". By type name,
+// not by a type switch, because the rdma transport's type exists only in builds with it.
+func transportName(t fabric.Transport) string {
+	name := strings.ToLower(strings.TrimPrefix(fmt.Sprintf("%T", t), "*fabric."))
+	for _, k := range []string{"shm", "rdma", "tcp"} {
+		if strings.Contains(name, k) {
+			return k
+		}
+	}
+	return name
 }
 
 // Health returns how many memory servers this session uses and how many of them are up (not

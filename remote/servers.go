@@ -56,6 +56,7 @@ type server struct {
 
 	mu   sync.Mutex
 	t    fabric.Transport // protected by mu; nil until first used
+	kind string           // protected by mu; t's transport by name (tcp, shm, rdma), set with t
 	down error            // protected by mu; the failure that made us stop preferring it
 
 	latency atomic.Int64 // EWMA of a page read, ns
@@ -79,7 +80,7 @@ func (sv *server) transport() (fabric.Transport, error) {
 		sv.down = err
 		return nil, err
 	}
-	sv.t = t
+	sv.t, sv.kind = t, transportName(t)
 	return t, nil
 }
 
@@ -90,6 +91,13 @@ func (sv *server) failed(err error) error {
 	}
 	sv.mu.Unlock()
 	return err
+}
+
+// transportName is how this server is reached now (tcp, shm, rdma; "" before it is dialed).
+func (sv *server) transportName() string {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	return sv.kind
 }
 
 func (sv *server) isDown() bool {
@@ -109,20 +117,28 @@ func (sv *server) write(addrs []fabric.Addr, data []byte) error {
 	return nil
 }
 
-func (sv *server) read(a fabric.Addr, dst []byte) error {
+func (sv *server) read(a fabric.Addr, dst []byte, tc *fabric.TraceContext) error {
 	addrs := [1]fabric.Addr{a}
-	return sv.readMany(addrs[:], dst)
+	return sv.readMany(addrs[:], dst, tc)
 }
 
-// readMany reads the pages at addrs in one request. Single-page reads (the fault path's) feed
-// the latency the copies are ranked by; a batch's time is not comparable to them.
-func (sv *server) readMany(addrs []fabric.Addr, dst []byte) error {
+// readMany reads the pages at addrs in one request, carrying tc (if not nil) where the
+// transport can (tcp; shm and rdma reads make no request for the server to trace). Single-page
+// reads (the fault path's) feed the latency the copies are ranked by; a batch's time is not
+// comparable to them.
+func (sv *server) readMany(addrs []fabric.Addr, dst []byte, tc *fabric.TraceContext) error {
 	t, err := sv.transport()
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	if err := t.Read(addrs, dst[:len(addrs)*backend.PageSize]); err != nil {
+	tr, traced := t.(fabric.TracedReader)
+	if tc != nil && traced {
+		err = tr.ReadTraced(addrs, dst[:len(addrs)*backend.PageSize], *tc)
+	} else {
+		err = t.Read(addrs, dst[:len(addrs)*backend.PageSize])
+	}
+	if err != nil {
 		return sv.failed(err)
 	}
 	if len(addrs) != 1 {

@@ -79,8 +79,9 @@ func (sl *slab) write(pages []uint32, data []byte) error {
 }
 
 // read fills dst with a page from the fastest ready copy whose bytes match the page's sum,
-// trying the others in turn.
-func (sl *slab) read(pg uint32, dst []byte) error {
+// trying the others in turn, and returns the server that answered. tc, if not nil, goes with
+// every request (a traced fault's: each copy tried makes its span under the fault's fetch).
+func (sl *slab) read(pg uint32, dst []byte, tc *fabric.TraceContext) (*server, error) {
 	sl.mu.RLock()
 	lost := sl.lost
 	var cand [4]*server
@@ -92,16 +93,16 @@ func (sl *slab) read(pg uint32, dst []byte) error {
 	}
 	sl.mu.RUnlock()
 	if lost != nil {
-		return lost
+		return nil, lost
 	}
 	sortByPreference(order)
 	want := sl.sums[pg].Load()
 	var msgs []string
 	for _, srv := range order {
-		err := srv.read(fabric.Addr{Slab: sl.id, Page: pg}, dst)
+		err := srv.read(fabric.Addr{Slab: sl.id, Page: pg}, dst, tc)
 		if err == nil {
 			if crc32.Checksum(dst, crcTable) == want {
-				return nil
+				return srv, nil
 			}
 			srv.corrupt.Add(1)
 			err = fmt.Errorf("memory server %s returned page %d of slab %d with a wrong checksum", srv.addr, pg, sl.id)
@@ -111,7 +112,19 @@ func (sl *slab) read(pg uint32, dst []byte) error {
 	if len(order) == 0 {
 		msgs = append(msgs, "no ready copy")
 	}
-	return fmt.Errorf("remote: page %d of slab %d cannot be read from any copy: %s", pg, sl.id, strings.Join(msgs, "; "))
+	return nil, fmt.Errorf("remote: page %d of slab %d cannot be read from any copy: %s", pg, sl.id, strings.Join(msgs, "; "))
+}
+
+// replicaOf is srv's copy's index in the slab (-1: none now, it was dropped meanwhile).
+func (sl *slab) replicaOf(srv *server) int {
+	sl.mu.RLock()
+	defer sl.mu.RUnlock()
+	for i, r := range sl.replicas {
+		if r.srv == srv {
+			return i
+		}
+	}
+	return -1
 }
 
 // readBatch reads the pages of slots (all in this slab) from the preferred ready copy in one
@@ -140,7 +153,7 @@ func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
 		}
 		addrs = append(addrs, fabric.Addr{Slab: sl.id, Page: uint32(s)})
 	}
-	if err := best.readMany(addrs, dst); err != nil {
+	if err := best.readMany(addrs, dst, nil); err != nil {
 		return err
 	}
 	for i, a := range addrs {

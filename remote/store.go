@@ -226,7 +226,23 @@ func (s *Store) Load(slot backend.Slot, dst []byte) error {
 	if err != nil {
 		return err
 	}
-	return sl.read(pg, dst[:backend.PageSize])
+	_, err = sl.read(pg, dst[:backend.PageSize], nil)
+	return err
+}
+
+// LoadTraced implements backend.TracedLoader: Load, each request carrying tc over tcp (the
+// memory server makes its span of the read a child of tc's span), and which copy answered.
+func (s *Store) LoadTraced(slot backend.Slot, dst []byte, tc backend.TraceContext) (backend.LoadedFrom, error) {
+	sl, pg, err := s.slot(slot)
+	if err != nil {
+		return backend.LoadedFrom{}, err
+	}
+	ftc := fabric.TraceContext(tc) // the same W3C fields; backend does not import fabric
+	srv, err := sl.read(pg, dst[:backend.PageSize], &ftc)
+	if err != nil {
+		return backend.LoadedFrom{}, err
+	}
+	return backend.LoadedFrom{Server: srv.addr, Transport: srv.transportName(), Replica: sl.replicaOf(srv)}, nil
 }
 
 // LoadBatch implements backend.BatchLoader: each run of slots in one slab is one request to

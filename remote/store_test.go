@@ -21,6 +21,8 @@ type cluster struct {
 	t       *testing.T
 	ctrl    string
 	servers []*memserver
+	// trace, if set when a server is added, is that server's ServerConfig.Trace (given its address).
+	trace func(addr string, r *fabric.TracedRequest)
 }
 
 type memserver struct {
@@ -58,7 +60,12 @@ func (c *cluster) addServer() *memserver {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	srv := fabric.NewServer(fabric.ServerConfig{Token: token, CapacityPages: 1 << 16, Logf: c.t.Logf})
+	cfg := fabric.ServerConfig{Token: token, CapacityPages: 1 << 16, Logf: c.t.Logf}
+	if trace := c.trace; trace != nil {
+		addr := ln.Addr().String()
+		cfg.Trace = func(r *fabric.TracedRequest) { trace(addr, r) }
+	}
+	srv := fabric.NewServer(cfg)
 	go srv.Serve(ln)
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &memserver{srv: srv, addr: ln.Addr().String(), stop: cancel}
@@ -258,5 +265,49 @@ func TestCorruptCopyIsDetectedAndAnotherUsed(t *testing.T) {
 	}
 	if corrupt == 0 {
 		t.Fatal("no corrupt page was detected, yet every page on one server was overwritten")
+	}
+}
+
+// A traced load carries its context to the memory server that answers it, and says which one
+// did; an untraced load carries none.
+func TestLoadTracedReachesTheServer(t *testing.T) {
+	c := newCluster(t, 0)
+	type seen struct {
+		addr string
+		tc   fabric.TraceContext
+		op   fabric.Op
+	}
+	got := make(chan seen, 16)
+	c.trace = func(addr string, r *fabric.TracedRequest) { got <- seen{addr, r.Context, r.Op} }
+	c.addServer()
+	c.addServer()
+	s := c.open(2)
+	pages := storePages(t, s, 7, 10)
+	verify(t, s, pages) // untraced: nothing reported
+	tc := backend.TraceContext{TraceID: [16]byte{1, 2, 3}, SpanID: [8]byte{4, 5, 6}, Flags: 1}
+	buf := make([]byte, backend.PageSize)
+	for sl, want := range pages {
+		from, err := s.LoadTraced(sl, buf, tc)
+		if err != nil || !bytes.Equal(buf, want) {
+			t.Fatalf("LoadTraced of slot %#x: %v (right bytes: %v)", sl, err, bytes.Equal(buf, want))
+		}
+		if from.Transport != "tcp" || from.Replica < 0 || from.Replica > 1 ||
+			(from.Server != c.servers[0].addr && from.Server != c.servers[1].addr) {
+			t.Fatalf("LoadTraced says it read from %+v; servers %s and %s", from, c.servers[0].addr, c.servers[1].addr)
+		}
+		select {
+		case r := <-got:
+			if r.addr != from.Server || r.tc != fabric.TraceContext(tc) || r.op != fabric.OpRead {
+				t.Fatalf("server %s saw %v with context %+v; want %s, a read, %+v", r.addr, r.op, r.tc, from.Server, tc)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the memory server was not told of the traced read")
+		}
+		break
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("an untraced request was reported as traced: %+v", r)
+	case <-time.After(100 * time.Millisecond):
 	}
 }

@@ -137,7 +137,13 @@ func (w *spanWorker) fault(f *fetcher.FaultRecord) {
 	if f.PrefetchStart > 0 && f.PrefetchStart < end {
 		end = f.PrefetchStart
 	}
-	ctx, sp := w.tr.Start(context.Background(), "page fault", trace.WithTimestamp(f.Read), trace.WithNewRoot(),
+	// A head-sampled fault's ids were given before its fetch (the memory server's span of the
+	// read names FetchSpan as its parent): the spans take them (presetIDGenerator).
+	root := context.Background()
+	if f.TraceID != ([16]byte{}) {
+		root = withPresetIDs(root, presetIDs{traceID: f.TraceID})
+	}
+	ctx, sp := w.tr.Start(root, "page fault", trace.WithTimestamp(f.Read), trace.WithNewRoot(),
 		trace.WithAttributes(
 			attribute.Int("process.pid", f.Pid),
 			attribute.String("farmem.page.address", fmt.Sprintf("%#x", f.Addr)),
@@ -159,15 +165,23 @@ func (w *spanWorker) fault(f *fetcher.FaultRecord) {
 	}
 	if f.Fetch > 0 {
 		attrs := []attribute.KeyValue{attribute.Int("farmem.bytes", fetcher.PageSize)}
-		if w.describe != nil {
+		switch {
+		case f.From.Server != "": // the copy that answered (a head-sampled fault's traced load)
+			attrs = append(attrs, attribute.String("server.address", f.From.Server), attribute.String("farmem.transport", f.From.Transport),
+				attribute.Int("farmem.replica", f.From.Replica))
+		case w.describe != nil: // the copy a read prefers now (a fault kept for being slow)
 			if srv, tr, rep, ok := w.describe.DescribeLoad(f.Slot); ok {
 				attrs = append(attrs, attribute.String("server.address", srv), attribute.String("farmem.transport", tr),
 					attribute.Int("farmem.replica", rep))
 			}
-		} else {
+		default:
 			attrs = append(attrs, attribute.String("farmem.transport", "embedded"))
 		}
-		w.stage(ctx, "backend fetch", at, prev, f.Fetch, attrs...)
+		fetchCtx := ctx
+		if f.FetchSpan != ([8]byte{}) {
+			fetchCtx = withPresetIDs(ctx, presetIDs{spanID: f.FetchSpan})
+		}
+		w.stage(fetchCtx, "backend fetch", at, prev, f.Fetch, attrs...)
 		prev = f.Fetch
 	}
 	if f.Install > 0 {

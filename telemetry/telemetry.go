@@ -10,7 +10,11 @@
 // fault thread takes nanotime stamps into a fixed struct it owns and, only for a fault the head
 // sampler picked or one slower than --trace-slow, copies them into a channel after the fault
 // is served and its thread woken. This package builds the spans afterwards on its own goroutine,
-// back-dated with trace.WithTimestamp. Metrics are all asynchronous: callbacks and a
+// back-dated with trace.WithTimestamp. A head-sampled fault is picked when it begins and given
+// its trace id and its backend fetch's span id then; its read to a memory server carries them
+// (fabric's traced requests), and its spans here are made with exactly those ids
+// (presetIDGenerator), so the memory server's span of the read (StartServer) joins the fault's
+// trace as the fetch's child. Metrics are all asynchronous: callbacks and a
 // metric.Producer read the counters and histograms the fault path keeps anyway, at collection
 // time, so a fault does no work at all for them.
 package telemetry
@@ -199,7 +203,8 @@ func Start(ctx context.Context, cfg Config, warn func(string)) (*Telemetry, erro
 		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
 	if cfg.Tracing() {
-		opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithSampler(sdktrace.AlwaysSample())}
+		opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithSampler(sdktrace.AlwaysSample()),
+			sdktrace.WithIDGenerator(presetIDGenerator{})}
 		bsp := []sdktrace.BatchSpanProcessorOption{sdktrace.WithMaxQueueSize(16384), sdktrace.WithBatchTimeout(time.Second),
 			sdktrace.WithMaxExportBatchSize(1024)}
 		if cfg.traces {
