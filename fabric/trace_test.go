@@ -65,7 +65,8 @@ func TestTracedRoundTrip(t *testing.T) {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	s := NewSessionID()
-	tr, err := DialTCP(ln.Addr().String(), DialConfig{Token: testToken, Session: s})
+	// One connection: its requests are served, and reported, in order.
+	tr, err := DialTCP(ln.Addr().String(), DialConfig{Token: testToken, Session: s, Conns: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -167,6 +167,30 @@ const (
 	StatusUnsupported        // the server cannot serve this request (e.g. built without rdma)
 )
 
+func (s Status) String() string {
+	switch s {
+	case StatusOK:
+		return "ok"
+	case StatusAuth:
+		return "auth"
+	case StatusVersion:
+		return "version"
+	case StatusNoSlab:
+		return "no-slab"
+	case StatusRange:
+		return "range"
+	case StatusCapacity:
+		return "capacity"
+	case StatusBadGrant:
+		return "bad-grant"
+	case StatusMalformed:
+		return "malformed"
+	case StatusUnsupported:
+		return "unsupported"
+	}
+	return fmt.Sprintf("status(%d)", uint8(s))
+}
+
 // Header is a frame header.
 type Header struct {
 	Op     Op

@@ -195,33 +195,16 @@ func Start(ctx context.Context, cfg Config, warn func(string)) (*Telemetry, erro
 		return t, nil
 	}
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(t.warnOnce))
-	res, err := resource.New(ctx,
-		resource.WithAttributes(attribute.String("service.name", "farmem")), // OTEL_SERVICE_NAME overrides it
-		resource.WithFromEnv(), resource.WithTelemetrySDK(),
-		resource.WithAttributes(attribute.String("farmem.program", cfg.Program), attribute.Int("farmem.pid", os.Getpid())))
-	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
-		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	res, err := newResource(ctx, "farmem", attribute.String("farmem.program", cfg.Program))
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Tracing() {
-		opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithSampler(sdktrace.AlwaysSample()),
-			sdktrace.WithIDGenerator(presetIDGenerator{})}
-		bsp := []sdktrace.BatchSpanProcessorOption{sdktrace.WithMaxQueueSize(16384), sdktrace.WithBatchTimeout(time.Second),
-			sdktrace.WithMaxExportBatchSize(1024)}
-		if cfg.traces {
-			exp, err := traceExporter(ctx, &cfg)
-			if err != nil {
-				return nil, err
-			}
-			opts = append(opts, sdktrace.WithBatcher(exp, bsp...))
+		// Every span is made only for a record the fault path already sampled: no second draw.
+		t.tp, err = newTracerProvider(ctx, &cfg, res, sdktrace.AlwaysSample())
+		if err != nil {
+			return nil, err
 		}
-		if cfg.Stdout {
-			exp, err := stdouttrace.New(stdouttrace.WithWriter(os.Stdout), stdouttrace.WithPrettyPrint())
-			if err != nil {
-				return nil, err
-			}
-			opts = append(opts, sdktrace.WithBatcher(exp, bsp...))
-		}
-		t.tp = sdktrace.NewTracerProvider(opts...)
 		t.spans = newSpanWorker(t.tp.Tracer("github.com/farmem/farmem/telemetry"), cfg)
 	}
 	if err := t.startMetrics(ctx, res); err != nil {
@@ -229,6 +212,43 @@ func Start(ctx context.Context, cfg Config, warn func(string)) (*Telemetry, erro
 		return nil, err
 	}
 	return t, nil
+}
+
+// newResource describes this process: service.name (OTEL_SERVICE_NAME and
+// OTEL_RESOURCE_ATTRIBUTES override it), its pid and attrs.
+func newResource(ctx context.Context, service string, attrs ...attribute.KeyValue) (*resource.Resource, error) {
+	res, err := resource.New(ctx,
+		resource.WithAttributes(attribute.String("service.name", service)), // OTEL_SERVICE_NAME overrides it
+		resource.WithFromEnv(), resource.WithTelemetrySDK(),
+		resource.WithAttributes(append(attrs, attribute.Int("farmem.pid", os.Getpid()))...))
+	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
+		return nil, fmt.Errorf("OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	return res, nil
+}
+
+// newTracerProvider exports spans over OTLP (and to stdout with cfg.Stdout) in batches; span ids
+// come from presetIDGenerator.
+func newTracerProvider(ctx context.Context, cfg *Config, res *resource.Resource, sampler sdktrace.Sampler) (*sdktrace.TracerProvider, error) {
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithSampler(sampler),
+		sdktrace.WithIDGenerator(presetIDGenerator{})}
+	bsp := []sdktrace.BatchSpanProcessorOption{sdktrace.WithMaxQueueSize(16384), sdktrace.WithBatchTimeout(time.Second),
+		sdktrace.WithMaxExportBatchSize(1024)}
+	if cfg.traces {
+		exp, err := traceExporter(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, sdktrace.WithBatcher(exp, bsp...))
+	}
+	if cfg.Stdout {
+		exp, err := stdouttrace.New(stdouttrace.WithWriter(os.Stdout), stdouttrace.WithPrettyPrint())
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, sdktrace.WithBatcher(exp, bsp...))
+	}
+	return sdktrace.NewTracerProvider(opts...), nil
 }
 
 // An export gives up after a few seconds (the SDK's default retries for a minute): a collector

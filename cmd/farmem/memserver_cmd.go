@@ -12,6 +12,7 @@ import (
 
 	"github.com/farmem/farmem/ctrl"
 	"github.com/farmem/farmem/fabric"
+	"github.com/farmem/farmem/telemetry"
 )
 
 func memserverCommand() *cli.Command {
@@ -24,8 +25,13 @@ func memserverCommand() *cli.Command {
 			"the copies that lived here on other servers (clients with --replicas 2 or more lose\n" +
 			"nothing). With --shm DIR, clients on this host may also map the slabs they own\n" +
 			"(farmem run --transport shm): pages then move by memcpy, with no request to this server.\n" +
+			"With --otlp (or OTEL_EXPORTER_OTLP_ENDPOINT), every read and write that a client's traced page\n" +
+			"fault makes here over tcp (farmem run --otlp, its --trace-sample share) is exported as a span,\n" +
+			"\"memserver read\" or \"memserver write\" (service farmem-memserver; OTEL_SERVICE_NAME overrides\n" +
+			"it), a child of the client's \"backend fetch\" span in the client's trace: one trace shows both\n" +
+			"sides. shm and rdma reads make no request to this server, so they have no server span.\n" +
 			"Runs until SIGINT or SIGTERM.",
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7070", Usage: "HOST:PORT clients connect to"},
 			&cli.StringFlag{Name: "advertise", Usage: "HOST:PORT clients should dial, if not --listen (say --listen 0.0.0.0:7070 --advertise 10.0.0.7:7070)"},
 			&cli.StringFlag{Name: "capacity", Usage: "memory to donate: SIZE as 32GiB, 512MiB; required"},
@@ -33,7 +39,7 @@ func memserverCommand() *cli.Command {
 			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
 			spinFlag("after answering a request, poll for the connection's next one up to DURATION (e.g. 50us) before sleeping"),
 			ctrlTokenFlag(),
-		},
+		}, otlpFlags("a span of each traced request (see above)")...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {
@@ -67,6 +73,10 @@ func memserverCommand() *cli.Command {
 					return usagef("--listen %s is not an address clients can dial: give --advertise HOST:PORT too", advertise)
 				}
 			}
+			var tcfg telemetry.Config
+			if err := resolveOTLP(c, &tcfg); err != nil {
+				return err
+			}
 			ln, err := net.Listen("tcp", c.String("listen"))
 			if err != nil {
 				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
@@ -82,7 +92,20 @@ func memserverCommand() *cli.Command {
 				}
 			}
 			logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
-			srv := fabric.NewServer(fabric.ServerConfig{Token: tok, CapacityPages: capBytes / fabric.PageSize, Logf: logf, Spin: spin})
+			tel, err := startServerTelemetry(tcfg, advertise)
+			if err != nil {
+				ln.Close()
+				if shm != nil {
+					shm.Close()
+				}
+				return err
+			}
+			scfg := fabric.ServerConfig{Token: tok, CapacityPages: capBytes / fabric.PageSize, Logf: logf, Spin: spin}
+			if tel != nil {
+				defer stopServerTelemetry(tel) // after srv.Close, below: the last requests' spans too
+				scfg.Trace = tel.Trace
+			}
+			srv := fabric.NewServer(scfg)
 			go srv.Serve(ln)
 			if shm != nil {
 				go srv.Serve(shm) // Close removes the socket
@@ -92,6 +115,13 @@ func memserverCommand() *cli.Command {
 				ln.Addr(), advertise, srv.Instance(), c.String("ctrl"))
 			if shm != nil {
 				logf("farmem memserver: clients on this host may map their slabs through %s", shm.Addr())
+			}
+			if tel != nil {
+				to := tcfg.Endpoint
+				if to == "" {
+					to = "the OTEL_EXPORTER_OTLP_* endpoint"
+				}
+				logf("farmem memserver: a span of each traced request goes to %s over OTLP (%s)", to, tcfg.Protocol)
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()

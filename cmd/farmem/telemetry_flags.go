@@ -16,22 +16,41 @@ import (
 // telemetryFlags are farmem run's observability settings: OpenTelemetry traces and metrics,
 // the Prometheus endpoint and the live stats line.
 func telemetryFlags() []cli.Flag {
-	return []cli.Flag{
-		&cli.StringFlag{Name: "otlp", Usage: "export fault traces and metrics over OTLP to HOST:PORT (plaintext) or http[s]://HOST:PORT;\n\tdefault: OTEL_EXPORTER_OTLP_ENDPOINT if set (the OTEL_* variables are honoured; flags override them)"},
-		&cli.StringFlag{Name: "otlp-protocol", Usage: "grpc or http/protobuf; default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf for port 4318, else grpc"},
+	return append(otlpFlags("fault traces and metrics"), []cli.Flag{
 		&cli.StringFlag{Name: "trace-sample", Value: strconv.FormatFloat(telemetry.DefaultSample, 'g', -1, 64), Usage: "with an OTLP endpoint or --trace-stdout: the share of faults traced, 0 to 1 (head sampling;\n\tan unsampled fast fault costs nothing more than a few clock reads)"},
 		&cli.StringFlag{Name: "trace-slow", Value: telemetry.DefaultSlow.String(), Usage: "trace every fault slower than DURATION, sampled or not (0: none)"},
 		&cli.Int64Flag{Name: "trace-slow-max", Value: telemetry.DefaultSlowMax, Usage: "but at most N a second: past that, slow faults are counted, not traced (0: no bound)"},
 		&cli.BoolFlag{Name: "trace-stdout", Usage: "also print the spans on stdout (debugging; the program's stdout is the same)"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (fault latency histogram, counts...) on HOST:PORT/metrics"},
 		&cli.StringFlag{Name: "stats", Usage: "print one line of live figures on stderr every DURATION (e.g. 1s): faults/s by source\n\twith p99, evictions/s, resident vs cap"},
+	}...)
+}
+
+// otlpFlags are --otlp and --otlp-protocol, for whatever a command exports (what).
+func otlpFlags(what string) []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "otlp", Usage: "export " + what + " over OTLP to HOST:PORT (plaintext) or http[s]://HOST:PORT;\n\tdefault: OTEL_EXPORTER_OTLP_ENDPOINT if set (the OTEL_* variables are honoured; flags override them)"},
+		&cli.StringFlag{Name: "otlp-protocol", Usage: "grpc or http/protobuf; default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf for port 4318, else grpc"},
 	}
+}
+
+// resolveOTLP reads --otlp and --otlp-protocol into cfg and resolves cfg against the OTEL_*
+// environment; bad input is a usage error.
+func resolveOTLP(c *cli.Context, cfg *telemetry.Config) error {
+	cfg.Endpoint, cfg.Protocol = c.String("otlp"), c.String("otlp-protocol")
+	if c.IsSet("otlp") && cfg.Endpoint == "" {
+		return usagef("--otlp is empty: give HOST:PORT")
+	}
+	if err := cfg.Resolve(os.Getenv); err != nil {
+		return usagef("%v", err)
+	}
+	return nil
 }
 
 // telemetryOptions reads the flags and the environment; bad input is a usage error.
 func telemetryOptions(c *cli.Context, program string) (telemetry.Config, time.Duration, error) {
-	cfg := telemetry.Config{Endpoint: c.String("otlp"), Protocol: c.String("otlp-protocol"), Stdout: c.Bool("trace-stdout"),
-		MetricsAddr: c.String("metrics-addr"), Program: filepath.Base(program), SlowMax: c.Int64("trace-slow-max")}
+	cfg := telemetry.Config{Stdout: c.Bool("trace-stdout"), MetricsAddr: c.String("metrics-addr"), Program: filepath.Base(program),
+		SlowMax: c.Int64("trace-slow-max")}
 	var err error
 	if cfg.Sample, err = strconv.ParseFloat(c.String("trace-sample"), 64); err != nil {
 		return cfg, 0, usagef("--trace-sample %q: give a ratio from 0 to 1 (0.01: one fault in a hundred)", c.String("trace-sample"))
@@ -39,11 +58,8 @@ func telemetryOptions(c *cli.Context, program string) (telemetry.Config, time.Du
 	if cfg.Slow, err = time.ParseDuration(c.String("trace-slow")); err != nil {
 		return cfg, 0, usagef("--trace-slow %q: give a duration such as 100us or 1ms", c.String("trace-slow"))
 	}
-	if c.IsSet("otlp") && cfg.Endpoint == "" {
-		return cfg, 0, usagef("--otlp is empty: give HOST:PORT")
-	}
-	if err := cfg.Resolve(os.Getenv); err != nil {
-		return cfg, 0, usagef("%v", err)
+	if err := resolveOTLP(c, &cfg); err != nil {
+		return cfg, 0, err
 	}
 	var every time.Duration
 	if c.IsSet("stats") {
@@ -75,5 +91,29 @@ func stopTelemetry(t *telemetry.Telemetry, quiet bool) {
 	}
 	if n := t.SlowSkipped(); n > 0 && !quiet {
 		fmt.Fprintf(os.Stderr, "farmem: telemetry: %d faults slower than --trace-slow were not traced (over --trace-slow-max a second)\n", n)
+	}
+}
+
+// startServerTelemetry starts a memory server's span exporter if --otlp or the environment asks
+// for one (nil: none asked).
+func startServerTelemetry(cfg telemetry.Config, advertise string) (*telemetry.ServerTelemetry, error) {
+	if !cfg.Tracing() {
+		return nil, nil
+	}
+	t, err := telemetry.StartServer(context.Background(), cfg, advertise, func(msg string) { fmt.Fprintf(os.Stderr, "farmem memserver: %s\n", msg) })
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return t, nil
+}
+
+// stopServerTelemetry exports the last spans; a collector that does not answer holds up the
+// memory server's exit by at most a few seconds.
+func stopServerTelemetry(t *telemetry.ServerTelemetry) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	t.Shutdown(ctx) // errors went to the one warning
+	if n := t.Dropped(); n > 0 {
+		fmt.Fprintf(os.Stderr, "farmem memserver: telemetry: %d traced requests got no span (the span exporter was behind)\n", n)
 	}
 }
