@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/faulttrace"
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/latency"
@@ -221,6 +222,10 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 		fmt.Fprintf(os.Stderr, "; eviction batches %d (%.1f runs, %.1f pages each) p50 %v p99 %v",
 			n, float64(e.Runs.Load())/float64(n), float64(e.Evicted())/float64(n),
 			e.Batch.Quantile(0.5), e.Batch.Quantile(0.99))
+		fmt.Fprintf(os.Stderr, ", mean")
+		for i, name := range evictor.StageNames {
+			fmt.Fprintf(os.Stderr, " %s %v", name, (time.Duration(e.StageTime[i].Load()) / time.Duration(n)).Round(time.Microsecond))
+		}
 	}
 	if n := e.Aborted.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "; %d batches given up (victims unmapped or moved meanwhile)", n)
