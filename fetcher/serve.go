@@ -111,7 +111,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		flags, addr, tid := m.Pagefault()
 		pg := addr &^ (ps - 1)
 		if p.clock.on {
-			p.clock.reset(p.rt.TraceSample)
+			p.clock.reset(p.rt.TraceSample, pg)
 		}
 		p.place.fault(p.Pid(), int(tid), p.agentTid.Load())
 		if p.rt.Evictor.Used() > p.rt.Evictor.HighWater() {

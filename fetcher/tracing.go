@@ -22,9 +22,12 @@ import (
 // of its backend fetch then, so that its read can carry them to a memory server (over tcp),
 // whose span of the read joins the fault's trace. The spans themselves are still made after the
 // fact, by package telemetry, with exactly these ids. Drawing earlier changes nothing in the
-// statistics: each served fault is still kept with probability TraceSample (a fault served at
-// its second attempt keeps its last attempt's draw). A fault kept for being slow is only known
-// to be slow afterwards: its read carried no context, and no server span joins its trace.
+// statistics: each served fault is still kept with probability TraceSample, one draw per fault.
+// A fault whose attempt fetched its page and then had to be retried (the install met an unread
+// event: EAGAIN) keeps that attempt's draw and ids for the next (drawCarry): otherwise the read
+// its first attempt sent would name a fetch span that is never made, and a second chance to be
+// drawn would over-sample retried faults. A fault kept for being slow is only known to be slow
+// afterwards: its read carried no context, and no server span joins its trace.
 
 //go:linkname nanotime runtime.nanotime
 func nanotime() int64
@@ -103,20 +106,82 @@ type faultClock struct {
 	pages                               int
 	retried                             bool
 	rng                                 uint64 // xorshift64 state of the head sampler
-	// head: the head sampler picked this attempt; traceID and fetchSpan are then its ids, and
-	// from the copy its fetch was answered by.
+	// head: the head sampler picked this attempt's fault; traceID and fetchSpan are then its
+	// ids, and from the copy its fetch was answered by.
 	head      bool
 	traceID   [16]byte
 	fetchSpan [8]byte
 	from      backend.LoadedFrom
+	pg        uint64     // the page of the fault being served
+	carry     *drawCarry // fetching attempts' draws, for their retries (allocated at the first)
+	carried   int        // index+1 in carry of this attempt's draw; 0: none
 }
 
-// reset starts an attempt to serve a fault: the clock, and the head sampler's draw with
-// threshold (SampleThreshold of the ratio).
-func (c *faultClock) reset(threshold uint64) {
-	*c = faultClock{on: c.on, rng: c.rng, retried: c.retried, begin: nanotime()}
+// reset starts an attempt to serve a fault on page pg: the clock, and the head sampler's draw
+// with threshold (SampleThreshold of the ratio), or the draw of an earlier attempt of the same
+// fault that fetched the page.
+func (c *faultClock) reset(threshold, pg uint64) {
+	*c = faultClock{on: c.on, rng: c.rng, retried: c.retried, carry: c.carry, pg: pg, begin: nanotime()}
+	if c.retried && c.carry != nil {
+		if i := c.carry.find(pg); i >= 0 {
+			d := &c.carry.d[i]
+			c.head, c.traceID, c.fetchSpan, c.carried = d.head, d.traceID, d.fetchSpan, i+1
+			return
+		}
+	}
 	if c.head = c.sample(threshold); c.head {
 		c.traceID, c.fetchSpan = newTraceIDs()
+	}
+}
+
+// drawCarry keeps the sampling draws of attempts that fetched their page, by page, for the
+// fault's later attempts if it is retried, until it is served (faultClock.served clears it). A
+// ring: a fault retried after more than len(d) others fetched draws again (its first read's
+// server span then has no parent in the trace), which takes more faults waiting at once than a
+// fault thread has.
+type drawCarry struct {
+	d    [16]carriedDraw
+	next int
+}
+
+type carriedDraw struct {
+	pg        uint64 // 0: free
+	head      bool
+	traceID   [16]byte
+	fetchSpan [8]byte
+}
+
+// keep records the attempt's draw for its retries (fault thread, at each fetch): in the entry
+// its fault has already, or a new one.
+func (c *faultClock) keep() {
+	if c.carry == nil {
+		c.carry = new(drawCarry)
+	}
+	k := c.carry
+	if c.carried == 0 || k.d[c.carried-1].pg != c.pg {
+		c.carried = k.next + 1
+		k.next = (k.next + 1) % len(k.d)
+	}
+	k.d[c.carried-1] = carriedDraw{pg: c.pg, head: c.head, traceID: c.traceID, fetchSpan: c.fetchSpan}
+}
+
+// find returns the index of the draw kept for page pg, the newest if several; -1: none.
+func (k *drawCarry) find(pg uint64) int {
+	for n := 1; n <= len(k.d); n++ {
+		if i := (k.next - n + len(k.d)) % len(k.d); k.d[i].pg == pg {
+			return i
+		}
+	}
+	return -1
+}
+
+// served clears the attempt's kept draw: its fault needs no other attempt.
+func (c *faultClock) served() {
+	if c.carried != 0 {
+		if e := &c.carry.d[c.carried-1]; e.pg == c.pg {
+			*e = carriedDraw{}
+		}
+		c.carried = 0
 	}
 }
 
@@ -140,7 +205,11 @@ func newTraceIDs() (traceID [16]byte, spanID [8]byte) {
 // the fault's backend fetch span) and learns which copy answered; any other read is Load.
 func (p *Process) fetchPage(slot backend.Slot, buf []byte) error {
 	b := p.rt.Slots.Backend()
-	if c := &p.clock; c.head {
+	c := &p.clock
+	if c.on {
+		c.keep()
+	}
+	if c.head {
 		if tl, ok := b.(backend.TracedLoader); ok {
 			from, err := tl.LoadTraced(slot, buf, backend.TraceContext{TraceID: c.traceID, SpanID: c.fetchSpan, Flags: 1})
 			c.from = from
@@ -184,6 +253,7 @@ func SampleThreshold(ratio float64) uint64 {
 // (already measured for the histogram); readMono is Read on the nanotime clock.
 func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time.Time, d time.Duration) {
 	c := &p.clock
+	c.served()
 	head := c.head
 	if !head && (p.rt.TraceSlow <= 0 || d < p.rt.TraceSlow || !p.rt.SlowBudget.take()) {
 		return

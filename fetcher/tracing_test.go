@@ -21,7 +21,7 @@ func TestTraceFaultSampling(t *testing.T) {
 	p.clock.on, p.clock.rng = true, 1
 	since := time.Now()
 	fault := func(d time.Duration) {
-		p.clock.reset(p.rt.TraceSample)
+		p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
 		p.clock.mark(&p.clock.lookup)
 		p.clock.mark(&p.clock.install)
 		p.traceFault(tr, 0, 0x7f0000001000, FromBackend, since, d)
@@ -64,7 +64,7 @@ func TestTraceFaultRecord(t *testing.T) {
 	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1)}}
 	p.clock.on, p.clock.rng = true, 1
 	since := time.Now()
-	p.clock.reset(p.rt.TraceSample)
+	p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
 	p.clock.mark(&p.clock.lookup)
 	p.clock.mark(&p.clock.install)
 	p.traceFault(tr, 1 /* write */, 0x2000, FromZero, since, time.Since(since))
@@ -101,7 +101,7 @@ func BenchmarkFaultTracingOverhead(b *testing.B) {
 			since := time.Now()
 			for b.Loop() {
 				if p.clock.on {
-					p.clock.reset(p.rt.TraceSample)
+					p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
 				}
 				p.clock.mark(&p.clock.lookup)
 				p.clock.mark(&p.clock.fetch)
@@ -161,7 +161,7 @@ func TestHeadSampledFaultCarriesIDs(t *testing.T) {
 	p.clock.on, p.clock.rng = true, 1
 	buf := make([]byte, PageSize)
 	fault := func(d time.Duration) {
-		p.clock.reset(p.rt.TraceSample)
+		p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
 		p.clock.mark(&p.clock.lookup)
 		p.clock.slot = 5
 		if err := p.fetchPage(5, buf); err != nil {
@@ -206,9 +206,59 @@ func TestHeadSampledFaultCarriesIDs(t *testing.T) {
 	p.rt.TraceSample = SampleThreshold(1)
 	store.traced = make([]backend.TraceContext, 0, 2000)
 	if a := testing.AllocsPerRun(1000, func() {
-		p.clock.reset(p.rt.TraceSample)
+		p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
 		p.fetchPage(5, buf)
 	}); a != 0 {
 		t.Fatalf("a head-sampled fault's draw, ids and traced fetch allocate %.1f times", a)
+	}
+}
+
+// A fault whose attempt fetched its page and was then retried keeps that attempt's draw and
+// ids, however many attempts it takes (its first read named the fetch span its last one makes),
+// and draws no second chance; once served, its page's next fault draws afresh.
+func TestRetriedFaultKeepsItsDraw(t *testing.T) {
+	var got []FaultRecord
+	tr := tracerFunc(func(r *FaultRecord) { got = append(got, *r) })
+	store := &tracedStore{}
+	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1), Slots: pagetable.NewSlots(store)}}
+	p.clock.on, p.clock.rng = true, 1
+	buf := make([]byte, PageSize)
+	const pg, other = 0x7f0000001000, 0x7f0000009000
+	attempt := func(page uint64, retried, fetch bool) {
+		p.clock.retried = retried
+		p.clock.reset(p.rt.TraceSample, page)
+		if fetch {
+			p.fetchPage(5, buf)
+			p.clock.mark(&p.clock.fetch)
+		}
+	}
+	attempt(pg, false, true) // fetched, then EAGAIN: retried
+	p.rt.TraceSample = 0     // a fresh draw would now say no
+	attempt(other, false, true)
+	attempt(pg, true, false) // retried again before fetching (at the cap)
+	attempt(pg, true, true)
+	p.traceFault(tr, 0, pg, FromBackend, time.Now(), time.Microsecond)
+	if len(store.traced) != 2 || store.loads != 1 || len(got) != 1 {
+		t.Fatalf("%d traced reads, %d untraced, %d records; want the sampled fault's two reads traced, the other's not, one record",
+			len(store.traced), store.loads, len(got))
+	}
+	first, last := store.traced[0], store.traced[1]
+	if !got[0].Head || first != last || got[0].TraceID != first.TraceID || got[0].FetchSpan != first.SpanID {
+		t.Fatalf("the retried fault read with %x/%x then %x/%x, its record says %x/%x (head %v)",
+			first.TraceID, first.SpanID, last.TraceID, last.SpanID, got[0].TraceID, got[0].FetchSpan, got[0].Head)
+	}
+	// Served: the page's next fault, even one that is retried, draws again (and is not picked).
+	attempt(pg, true, true)
+	p.traceFault(tr, 0, pg, FromBackend, time.Now(), time.Microsecond)
+	if len(got) != 1 || store.loads != 2 {
+		t.Fatalf("a served fault's draw outlived it: %d records, %d untraced loads", len(got), store.loads)
+	}
+	// An attempt not picked keeps that too: its retry gets no second chance.
+	attempt(pg, false, true)
+	p.rt.TraceSample = SampleThreshold(1)
+	attempt(pg, true, true)
+	p.traceFault(tr, 0, pg, FromBackend, time.Now(), time.Microsecond)
+	if len(got) != 1 || store.loads != 4 {
+		t.Fatalf("a retried fault not picked was drawn again: %d records, %d untraced loads", len(got), store.loads)
 	}
 }
