@@ -1,0 +1,171 @@
+package main
+
+// End to end: a memory server's spans of the reads a sampled page fault makes join the client's
+// trace. A ctrl, a memory server and farmem run, both exporting to one in-test OTLP receiver.
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"github.com/farmem/farmem/ctrl"
+	"github.com/farmem/farmem/fabric"
+)
+
+// Every fault traced (--trace-sample 1) over tcp: the memory server's "memserver read" spans
+// (service farmem-memserver) are children of farmem's "backend fetch" spans (service farmem),
+// in the same traces, under their "page fault" spans; and the fetch span names the server that
+// answered.
+func TestMemserverSpansJoinFaultTrace(t *testing.T) {
+	if err := checkUserfaultfd(); err != nil {
+		t.Skip(err)
+	}
+	for _, kv := range os.Environ() { // a developer's OTEL_* must not redirect or rename the spans
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "OTEL_") {
+			t.Setenv(k, "")
+		}
+	}
+	sinkAddr, sink := startGRPCSink(t)
+	dir := t.TempDir()
+	tok := writeToken(t, dir, "the-right-cluster-token-0123456789")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	startLogged(t, "ctrl", farmemBin(t), "ctrl", "--listen", addr, "--state", filepath.Join(dir, "ctrl"), "--token-file", tok, "--slab-size", "4MiB")
+	dialRetry(t, mustPort(t, addr)).Close()
+	mem := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	_, memLog := startLogged(t, "memserver", farmemBin(t), "memserver", "--listen", mem, "--capacity", "256MiB", "--ctrl", addr,
+		"--token-file", tok, "--otlp", sinkAddr)
+	tk, err := fabric.LoadToken(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, _ := ctrl.NewClient(addr, tk).Status(ctx)
+		cancel()
+		if len(st.Servers) == 1 && st.Servers[0].Healthy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the memory server never came up: %+v", st)
+		}
+	}
+	if !strings.Contains(memLog.String(), "a span of each traced request goes to "+sinkAddr) {
+		t.Errorf("the memory server does not say where its spans go:\n%s", memLog.String())
+	}
+
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", addr, "--token-file", tok, "--otlp", sinkAddr, "--trace-sample", "1",
+		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1")
+	cmd.Env = cleanEnv()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	t.Logf("farmem run:\n%s", lastLines(out.String(), 8))
+	if err != nil || !strings.Contains(out.String(), "micro: OK bad=0") {
+		t.Fatalf("micro under farmem over tcp failed: %v", err)
+	}
+
+	// farmem run flushed its spans at exit; the memory server exports in batches (a second).
+	// Every backend fault was traced, and its read: the server's spans keep coming until it has
+	// exported one per backend fault.
+	m := mustCompile(`faults: zero-fill [0-9]+ \([0-9]+ pages\), backend ([0-9]+)`).FindStringSubmatch(out.String())
+	if m == nil || m[1] == "0" {
+		t.Fatalf("the run served no backend fault: the test does not page")
+	}
+	backendFaults, _ := strconv.Atoi(m[1])
+	var joined, serverReads int
+	var why string
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		joined, serverReads, why = joinedReads(sink.spans(), mem)
+		if serverReads >= backendFaults || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("%d backend faults; %d memserver read spans, %d of them children of a backend fetch span of farmem's", backendFaults, serverReads, joined)
+	if joined == 0 {
+		t.Fatalf("no memserver read span joined a fault's trace: %s", why)
+	}
+	// A read whose fault's spans were dropped (farmem's span worker behind: it says so) has no
+	// parent to join; otherwise a fault's every read names its fetch span, retries included.
+	if !strings.Contains(out.String(), "records were not traced") && joined < serverReads*9/10 {
+		t.Fatalf("only %d of %d memserver read spans joined a fault's trace: %s", joined, serverReads, why)
+	}
+}
+
+// joinedReads counts the memory server's read spans whose parent is one of farmem's backend
+// fetch spans, in the same trace, itself the child of a page fault span; why says what was
+// missing when none is.
+func joinedReads(spans []span, mem string) (joined, reads int, why string) {
+	byID := map[string]span{}
+	for _, sp := range spans {
+		byID[string(sp.SpanId)] = sp
+	}
+	why = "no memserver read span from service farmem-memserver"
+	for _, sp := range spans {
+		if sp.res["service.name"] != "farmem-memserver" || sp.Name != "memserver read" {
+			continue
+		}
+		reads++
+		a := attrs(sp.Attributes)
+		if sp.Kind != tracepb.Span_SPAN_KIND_SERVER || a["farmem.pages"] != "1" || a["farmem.bytes"] != "4096" ||
+			a["farmem.status"] != "ok" || len(a["farmem.session"]) != 32 || a["farmem.slab"] == "" {
+			why = fmt.Sprintf("memserver read span of kind %v with attributes %v", sp.Kind, a)
+			return 0, reads, why
+		}
+		fetch, ok := byID[string(sp.ParentSpanId)]
+		if !ok {
+			why = fmt.Sprintf("the parent %s of a memserver read span is not among the %d spans exported", hex.EncodeToString(sp.ParentSpanId), len(spans))
+			continue
+		}
+		fa := attrs(fetch.Attributes)
+		switch {
+		case fetch.res["service.name"] != "farmem" || fetch.Name != "backend fetch":
+			why = fmt.Sprintf("a memserver read span's parent is %q of service %q", fetch.Name, fetch.res["service.name"])
+		case !bytes.Equal(fetch.TraceId, sp.TraceId):
+			why = "a memserver read span is in another trace than its parent backend fetch"
+		case byID[string(fetch.ParentSpanId)].Name != "page fault" || !bytes.Equal(byID[string(fetch.ParentSpanId)].TraceId, sp.TraceId):
+			why = "a backend fetch span with a memserver child is not under a page fault span of its trace"
+		case fa["server.address"] != mem || fa["farmem.transport"] != "tcp" || fa["farmem.replica"] != "0":
+			why = fmt.Sprintf("the backend fetch span names %v, not the memory server %s over tcp that answered", fa, mem)
+		default:
+			joined++
+		}
+	}
+	return joined, reads, why
+}
+
+// Bad --otlp input to farmem memserver is a usage error, before it listens.
+func TestMemserverOTLPBadInput(t *testing.T) {
+	dir := t.TempDir()
+	tok := writeToken(t, dir, "the-right-cluster-token-0123456789")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--otlp", "localhost"}, `--otlp "localhost": give HOST:PORT`},
+		{[]string{"--otlp", "127.0.0.1:4317", "--otlp-protocol", "thrift"}, `OTLP protocol "thrift": give grpc or http/protobuf`},
+		{[]string{"--otlp", ""}, "--otlp is empty"},
+	} {
+		args := append([]string{"memserver", "--ctrl", "127.0.0.1:1", "--token-file", tok, "--capacity", "64MiB",
+			"--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, c.args...)
+		cmd := exec.Command(farmemBin(t), args...)
+		cmd.Env = cleanEnv()
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != 2 || !strings.Contains(string(out), c.want) {
+			t.Errorf("farmem %s: exit %d, output %q; want exit 2 and %q", strings.Join(args, " "), code, out, c.want)
+		}
+	}
+}
