@@ -301,7 +301,16 @@ func acceptLoop(ln *net.UnixListener, rt *fetcher.Runtime) {
 // handleConn serves one shim connection: a control connection (HELLO, then REGISTER requests)
 // or an agent connection (AGENT_HELLO, then eviction requests we send).
 func handleConn(c *conn, rt *fetcher.Runtime) {
-	m, fd, err := c.recv()
+	m, fd, lifeline, err := c.recvLifeline()
+	if lifeline >= 0 {
+		// The write end of the process's lifeline pipe (shim.c, make_lifeline): held, never
+		// written, until the process's control connection ends (it exited or exec'd) or
+		// farmem dies, when the kernel SIGKILLs the process. That is what ends a process
+		// whose threads wait on farmem forever once it is gone (a fault, or the agent's drop
+		// waiting for its REMOVE to be read): a fork child like redis's BGSAVE, which no
+		// parent-death signal of farmem's reaches.
+		defer unix.Close(lifeline)
+	}
 	if err != nil {
 		// A process that exec'd or exited before its agent said hello closes quietly.
 		if !errors.Is(err, errClosed) {

@@ -78,35 +78,59 @@ type conn struct {
 	oob [64]byte
 }
 
+// recv reads one message and the fd it carries (-1: none). A HELLO may carry a second fd, the
+// process's lifeline: recvLifeline returns both.
 func (c *conn) recv() (msg, int, error) {
+	m, fd, extra, err := c.recvLifeline()
+	if extra >= 0 {
+		unix.Close(extra)
+	}
+	return m, fd, err
+}
+
+// recvLifeline is recv keeping a second fd, if the message carries one (-1: none).
+func (c *conn) recvLifeline() (msg, int, int, error) {
 	n, oobn, _, _, err := c.c.ReadMsgUnix(c.buf[:], c.oob[:])
 	if errors.Is(err, io.EOF) {
-		return msg{}, -1, errClosed
+		return msg{}, -1, -1, errClosed
 	}
 	if err != nil {
-		return msg{}, -1, err
+		return msg{}, -1, -1, err
 	}
 	if n == 0 {
-		return msg{}, -1, errClosed
+		return msg{}, -1, -1, errClosed
 	}
-	fd := -1
+	fd, extra := -1, -1
 	if oobn > 0 {
 		cms, err := syscall.ParseSocketControlMessage(c.oob[:oobn])
 		if err == nil && len(cms) > 0 {
 			if fds, err := syscall.ParseUnixRights(&cms[0]); err == nil && len(fds) > 0 {
-				fd = fds[0]
-				for _, extra := range fds[1:] {
-					unix.Close(extra)
+				for i, f := range fds {
+					switch i {
+					case 0:
+						fd = f
+					case 1:
+						// Close-on-exec whatever the Go version: a lifeline inherited by some
+						// child of farmem's would keep the program alive after farmem's death.
+						unix.CloseOnExec(f)
+						extra = f
+					default:
+						unix.Close(f)
+					}
 				}
 			}
 		}
 	}
 	m, err := decode(c.buf[:n])
-	if err != nil && fd >= 0 {
-		unix.Close(fd)
-		fd = -1
+	if err != nil {
+		for _, f := range []int{fd, extra} {
+			if f >= 0 {
+				unix.Close(f)
+			}
+		}
+		fd, extra = -1, -1
 	}
-	return m, fd, err
+	return m, fd, extra, err
 }
 
 func (c *conn) send(m msg, fd int) error {

@@ -422,6 +422,56 @@ func TestRuntimeDeathStopsProgram(t *testing.T) {
 	t.Fatalf("program %d still running 5 s after farmem was killed", child)
 }
 
+// A fork child of the program (redis's BGSAVE) dies with farmem too. farmem's parent-death
+// signal reaches only the program it started; the child, faulting its parent's evicted heap back
+// in (or its agent waiting on a REMOVE), would otherwise sleep in the kernel for ever once farmem
+// is gone. Each process's lifeline pipe (shim.c) is what ends it: before it, this child hung in
+// handle_userfault, measured with a kill 50 ms and 300 ms into the BGSAVE.
+func TestRuntimeDeathStopsForkChild(t *testing.T) {
+	need(t, "redis-server")
+	// Where the kill lands decides whether a thread is waiting on farmem at that moment (one
+	// try in six hung without the lifeline here): four kills, at four points of the BGSAVE.
+	for _, after := range []time.Duration{0, 50 * time.Millisecond, 150 * time.Millisecond, 400 * time.Millisecond} {
+		port := freePort(t)
+		cmd := exec.Command(farmemBin(t), "run", "--local-mem", "24MiB", "--",
+			"redis-server", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no",
+			"--enable-debug-command", "yes", "--dir", t.TempDir(), "--bind", "127.0.0.1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r := dialRedis(t, port)
+		r.must(t, "DEBUG", "POPULATE", "200000", "key", "1000") // 200 MB against a 24 MiB cap
+		r.must(t, "BGSAVE")
+		var tree []int
+		for i := 0; i < 100 && len(tree) < 2; i++ { // redis and its BGSAVE child
+			time.Sleep(10 * time.Millisecond)
+			tree = descendants(cmd.Process.Pid)
+		}
+		if len(tree) < 2 {
+			cmd.Process.Kill()
+			t.Fatalf("no BGSAVE child under farmem: %v", tree)
+		}
+		time.Sleep(after) // the child is faulting the heap back in
+		cmd.Process.Kill()
+		cmd.Wait()
+		for _, pid := range tree {
+			gone := false
+			for i := 0; i < 200 && !gone; i++ {
+				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+				gone = err != nil || strings.Contains(string(b), ") Z ")
+				if !gone {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			if !gone {
+				wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Errorf("killed %v into the BGSAVE: process %d of redis's tree still there 10 s after farmem (waiting in %s)", after, pid, wchan)
+			}
+		}
+	}
+}
+
 // Test 6: bad input gets one line naming the problem, exit status 2, and nothing runs.
 func TestBadInput(t *testing.T) {
 	dir := t.TempDir()

@@ -137,22 +137,26 @@ static int connect_rt(void)
 	return s;
 }
 
-static long send_msg(int s, const void *buf, size_t len, int fd)
+/* send_msg2 sends a message with up to two fds (a negative fd: none; fd2 only with fd). */
+static long send_msg2(int s, const void *buf, size_t len, int fd, int fd2)
 {
 	struct iovec iov = { (void *)buf, len };
-	char cbuf[CMSG_SPACE(sizeof(int))];
+	char cbuf[CMSG_SPACE(2 * sizeof(int))];
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 	if (fd >= 0) {
+		int fds[2] = { fd, fd2 }, n = fd2 >= 0 ? 2 : 1;
 		memset(cbuf, 0, sizeof cbuf);
-		mh.msg_control = cbuf, mh.msg_controllen = sizeof cbuf;
+		mh.msg_control = cbuf, mh.msg_controllen = CMSG_SPACE(n * sizeof(int));
 		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+		c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(n * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, n * sizeof(int));
 	}
 	long r;
 	do r = raw6(SYS_sendmsg, s, (long)&mh, MSG_NOSIGNAL, 0, 0, 0); while (r == -EINTR);
 	return r;
 }
+
+static long send_msg(int s, const void *buf, size_t len, int fd) { return send_msg2(s, buf, len, fd, -1); }
 
 static long recv_msg(int s, void *buf, size_t len, int *fd)
 {
@@ -332,14 +336,43 @@ static void start_agent(void)
 		;
 }
 
-/* hello performs the handshake on a fresh control connection, sending our uffd. fork_child: if
- * the parent had ranges registered when it forked, the runtime serves us on the uffd of the
- * parent's FORK event instead and sends it back as our keep-alive copy. */
+/* make_lifeline returns the write end of a new pipe, for the runtime to hold, and keeps the read
+ * end in lifeline, set to SIGKILL this process once no writer is left (O_ASYNC signals a pipe's
+ * readers when its last writer closes; F_SETSIG makes that signal SIGKILL). The runtime holds the
+ * only write end until the process's control connection ends, so the kill comes exactly when the
+ * runtime dies first. Nothing else can end a process whose threads wait on the dead runtime:
+ * a fault on an evicted page, or the agent's drop waiting for its REMOVE to be read, sleeps until
+ * SIGKILL; the agent cannot notice the runtime's end while it is the one waiting; and only the
+ * program farmem started gets farmem's parent-death signal, not a fork child such as redis's
+ * BGSAVE, which measured here hung in handle_userfault forever. -1: no lifeline (the process
+ * then still has the agent's end-of-connection check). */
+static int lifeline = -1;
+static int make_lifeline(void)
+{
+	int p[2];
+	if (raw6(SYS_pipe2, (long)p, O_CLOEXEC, 0, 0, 0, 0) < 0) return -1;
+	if (raw6(SYS_fcntl, p[0], F_SETOWN, raw6(SYS_getpid, 0, 0, 0, 0, 0, 0), 0, 0, 0) < 0 ||
+	    raw6(SYS_fcntl, p[0], F_SETSIG, SIGKILL, 0, 0, 0) < 0 ||
+	    raw6(SYS_fcntl, p[0], F_SETFL, O_ASYNC | O_NONBLOCK, 0, 0, 0) < 0) {
+		raw6(SYS_close, p[0], 0, 0, 0, 0, 0);
+		raw6(SYS_close, p[1], 0, 0, 0, 0, 0);
+		return -1;
+	}
+	lifeline = p[0];
+	return p[1];
+}
+
+/* hello performs the handshake on a fresh control connection, sending our uffd and our lifeline's
+ * write end. fork_child: if the parent had ranges registered when it forked, the runtime serves us
+ * on the uffd of the parent's FORK event instead and sends it back as our keep-alive copy. */
 static int hello(int fork_child, uint64_t features)
 {
 	struct fm_msg h = { .type = MSG_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
 			    .a = raw6(SYS_getppid, 0, 0, 0, 0, 0, 0), .b = features, .c = fork_child };
-	if (send_msg(ctl, &h, sizeof h, ufd) < 0) return -1;
+	int w = make_lifeline();
+	long sent = send_msg2(ctl, &h, sizeof h, ufd, w);
+	if (w >= 0) raw6(SYS_close, w, 0, 0, 0, 0, 0); /* the runtime's copy is the only writer now */
+	if (sent < 0) return -1;
 	struct fm_msg r;
 	int fd = -1;
 	if (recv_msg(ctl, &r, sizeof r, &fd) != sizeof r || r.type != MSG_HELLO_OK) return -1;
@@ -394,6 +427,8 @@ static void atfork_child(void)
 	raw6(SYS_close, ctl, 0, 0, 0, 0, 0);
 	raw6(SYS_close, agent_sock, 0, 0, 0, 0, 0);
 	raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
+	if (lifeline >= 0) raw6(SYS_close, lifeline, 0, 0, 0, 0, 0); /* the parent's: it signals the parent */
+	lifeline = -1;
 	pthread_mutex_init(&ctl_lock, NULL);
 	uint64_t features;
 	ctl = connect_rt();
