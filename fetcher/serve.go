@@ -201,7 +201,7 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	}
 	if e.Slot == 0 {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
-		p.clock.mark(&p.clock.install)
+		p.clock.installed(IoctlCopy)
 		return p.installed(pg, n, err, true, 0, FromZero), FromZero
 	}
 	if c := p.rt.PrefetchCache; c != nil && c.take(p, pg, e, buf) {
@@ -222,11 +222,11 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	// dirty, so a page that is only read is later dropped without any write.
 	if write || e.WasWritten {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
-		p.clock.mark(&p.clock.install)
+		p.clock.installed(IoctlCopy)
 		return p.installed(pg, n, err, true, e.Slot, src), src
 	}
 	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, uffd.CopyWP)
-	p.clock.mark(&p.clock.install)
+	p.clock.installed(IoctlCopy)
 	return p.installed(pg, n, err, false, e.Slot, src), src
 }
 
@@ -244,10 +244,11 @@ func (p *Process) zeroFill(pg uint64, write bool) outcome {
 		var err error
 		if write {
 			n, err = uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), k*ps, 0)
+			p.clock.installed(IoctlCopy)
 		} else {
 			n, err = uffd.ZeroPage(p.fd, pg, k*ps, 0)
+			p.clock.installed(IoctlZeroPage)
 		}
-		p.clock.mark(&p.clock.install)
 		p.clock.pages = int(max(n, 0) / ps)
 		if n == 0 && k > 1 && (err == unix.ENOENT || err == unix.EFAULT || err == unix.EEXIST) {
 			k = 1 // the window crossed the end of the mapping or a present page
@@ -343,7 +344,7 @@ func (p *Process) wpFault(pg uint64) outcome {
 
 func (p *Process) unprotect(pg uint64) outcome {
 	err := uffd.WriteProtect(p.fd, pg, ps, 0)
-	p.clock.mark(&p.clock.install)
+	p.clock.installed(IoctlWriteProtect)
 	if err == unix.EAGAIN {
 		return retry
 	}

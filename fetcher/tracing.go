@@ -60,6 +60,8 @@ type FaultRecord struct {
 	// of PrefetchPages pages that follows the wake (the program runs on meanwhile).
 	PrefetchStart, PrefetchEnd    time.Duration
 	PrefetchPages, PrefetchPlaced int
+	// Ioctl is the install's ioctl (Ioctl*; IoctlNone: the fault was served by a wake alone).
+	Ioctl Ioctl
 	// TraceID and FetchSpan are the ids a head-sampled fault was given when it began (zero for
 	// one kept for being slow): its span must be in trace TraceID and its backend fetch span
 	// must be FetchSpan, which the memory server's span of the read names as its parent.
@@ -97,9 +99,24 @@ type LoadDescriber interface {
 
 // faultClock is the fault thread's stopwatch for the fault being served (fault-thread only).
 // Marks are nanotime readings; on is false when no tracer is set, and then nothing is read.
+// Ioctl names the ioctl that installed a fault's page(s), for the install span.
+type Ioctl uint8
+
+const (
+	IoctlNone Ioctl = iota
+	IoctlCopy
+	IoctlZeroPage
+	IoctlWriteProtect
+)
+
+func (i Ioctl) String() string {
+	return [...]string{"", "UFFDIO_COPY", "UFFDIO_ZEROPAGE", "UFFDIO_WRITEPROTECT"}[i]
+}
+
 type faultClock struct {
 	on                                  bool
 	begin, lookup, fetch, install, wake int64
+	ioctl                               Ioctl // the install's, set with install
 	pfStart, pfEnd                      int64
 	pfPages, pfPlaced                   int
 	slot                                backend.Slot
@@ -225,6 +242,13 @@ func (c *faultClock) mark(t *int64) {
 	}
 }
 
+// installed marks the end of the install, done by ioctl.
+func (c *faultClock) installed(ioctl Ioctl) {
+	if c.on {
+		c.install, c.ioctl = nanotime(), ioctl
+	}
+}
+
 // sample draws the head sampling decision: true with probability threshold/2^64.
 func (c *faultClock) sample(threshold uint64) bool {
 	if threshold == 0 {
@@ -274,7 +298,7 @@ func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time
 		kind = KindWrite
 	}
 	r := FaultRecord{Pid: p.Pid(), Addr: pg, Kind: kind, Source: src, Head: head, Waited: c.retried, Read: since,
-		Begin: off(c.begin), Lookup: off(c.lookup), Fetch: off(c.fetch), Install: off(c.install), Wake: off(c.wake), End: d,
+		Begin: off(c.begin), Lookup: off(c.lookup), Fetch: off(c.fetch), Install: off(c.install), Ioctl: c.ioctl, Wake: off(c.wake), End: d,
 		Pages: max(c.pages, 1), Slot: c.slot,
 		PrefetchStart: off(c.pfStart), PrefetchEnd: off(c.pfEnd), PrefetchPages: c.pfPages, PrefetchPlaced: c.pfPlaced,
 		From: c.from}

@@ -185,14 +185,7 @@ func (w *spanWorker) fault(f *fetcher.FaultRecord) {
 		prev = f.Fetch
 	}
 	if f.Install > 0 {
-		ioctl := "UFFDIO_COPY"
-		switch {
-		case f.Source == fetcher.FromWP:
-			ioctl = "UFFDIO_WRITEPROTECT"
-		case f.Source == fetcher.FromZero && f.Kind == fetcher.KindRead && f.Slot == 0 && f.Fetch == 0:
-			ioctl = "UFFDIO_ZEROPAGE"
-		}
-		w.stage(ctx, "install", at, prev, f.Install, attribute.String("farmem.ioctl", ioctl), attribute.Int("farmem.pages", f.Pages))
+		w.stage(ctx, "install", at, prev, f.Install, attribute.String("farmem.ioctl", f.Ioctl.String()), attribute.Int("farmem.pages", f.Pages))
 		prev = f.Install
 	}
 	if f.Wake > 0 {

@@ -348,6 +348,16 @@ func checkFaultSpans(t *testing.T, s *otlpSink, service string, wantEvictions bo
 		if !install && !wake && a["farmem.fault.source"] != "wp" { // a write to a page being evicted is woken by its batch
 			t.Fatalf("fault span (source %s) has neither install nor wake stage: %v", a["farmem.fault.source"], keys(stages))
 		}
+		if in, ok := stages["install"]; ok {
+			// The ioctl the fault thread issued: a WP fault's un-protect, a fetched page's
+			// COPY, and for a zero fill COPY (a write, or an evicted all-zero page) or ZEROPAGE.
+			want := map[string]string{"wp": "UFFDIO_WRITEPROTECT", "backend": "UFFDIO_COPY", "prefetch-cache": "UFFDIO_COPY"}[a["farmem.fault.source"]]
+			got := attrs(in.Attributes)["farmem.ioctl"]
+			zeroOK := a["farmem.fault.source"] == "zero" && (got == "UFFDIO_COPY" || (got == "UFFDIO_ZEROPAGE" && a["farmem.fault.kind"] == "read"))
+			if got != want && !zeroOK {
+				t.Fatalf("install of a %s %s fault names ioctl %q", a["farmem.fault.kind"], a["farmem.fault.source"], got)
+			}
+		}
 		if a["farmem.fault.source"] == "backend" {
 			f, ok := stages["backend fetch"]
 			if !ok {
