@@ -138,6 +138,16 @@ func (s *Snapshot) Quantile(q float64) time.Duration {
 	return time.Duration(lower(nBuckets - 1))
 }
 
+// Buckets calls fn for every bucket that holds a duration, in ascending order: the durations in
+// [lo, hi) and how many there were. It is the whole distribution, for a CDF.
+func (s *Snapshot) Buckets(fn func(lo, hi time.Duration, count uint64)) {
+	for b, c := range s.Counts {
+		if c > 0 {
+			fn(time.Duration(lower(b)), time.Duration(lower(b+1)), c)
+		}
+	}
+}
+
 // Cumulate counts the snapshot into explicit buckets: out[i] gets the durations at most
 // bounds[i] (ascending), out[len(bounds)] the rest, as OpenTelemetry and Prometheus histograms
 // count. A log-linear bucket that straddles a bound is counted by its midpoint, so a bound is

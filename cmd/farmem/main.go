@@ -142,6 +142,14 @@ func runCommand() *cli.Command {
 				return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
 			}
 			defer store.Close()
+			latencyOut := c.String("latency-out")
+			if latencyOut != "" {
+				// Written at exit; a path that cannot be written is bad input now, not a
+				// message after the run.
+				if err := os.WriteFile(latencyOut, nil, 0o644); err != nil {
+					return usagef("--latency-out: %v", err)
+				}
+			}
 			tel, err := startTelemetry(tcfg)
 			if err != nil {
 				return err
@@ -152,7 +160,7 @@ func runCommand() *cli.Command {
 				return err
 			}
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, PrefetchCachePages: cachePages, Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery})
+				Prefetch: pcfg, PrefetchCachePages: cachePages, Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery, LatencyOut: latencyOut})
 			stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 			if trace != nil {                   // Run has stopped every fault thread
 				if cerr := closeTrace(c, trace); err == nil {

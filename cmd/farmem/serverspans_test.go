@@ -99,6 +99,50 @@ func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 	if !strings.Contains(out.String(), "records were not traced") && joined < serverReads*9/10 {
 		t.Fatalf("only %d of %d memserver read spans joined a fault's trace: %s", joined, serverReads, why)
 	}
+
+	// A sequential walk over tcp: leap's prefetches go through the memory-server prefetch
+	// worker, whose "prefetch batch" spans (roots of their own traces) link to the fault that
+	// predicted them and have the batched read as a stage.
+	before := len(sink.spans())
+	cmd = exec.Command(farmemBin(t), "run", "--ctrl", addr, "--token-file", tok, "--otlp", sinkAddr, "--trace-sample", "1",
+		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "seq", "--passes", "1")
+	cmd.Env = cleanEnv()
+	out.Reset()
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "micro: OK bad=0") {
+		t.Fatalf("micro seq under farmem over tcp failed: %v\n%s", err, lastLines(out.String(), 8))
+	}
+	spans := sink.spans()[before:]
+	byID := map[string]span{}
+	children := map[string][]string{}
+	for _, sp := range spans {
+		byID[string(sp.SpanId)] = sp
+		children[string(sp.ParentSpanId)] = append(children[string(sp.ParentSpanId)], sp.Name)
+	}
+	var batches, linked int
+	for _, sp := range spans {
+		if sp.res["service.name"] != "farmem" || sp.Name != "prefetch batch" || len(sp.ParentSpanId) != 0 {
+			continue // the inline prefetch of a fault is its child, not the worker's root span
+		}
+		batches++
+		a := attrs(sp.Attributes)
+		if n, _ := strconv.Atoi(a["farmem.prefetch.pages"]); n <= 0 || a["farmem.prefetch.trigger"] == "" {
+			t.Fatalf("prefetch batch span attributes %v", a)
+		}
+		if st := strings.Join(children[string(sp.SpanId)], ","); st != "backend fetch,install" && st != "install,backend fetch" {
+			t.Fatalf("prefetch batch span stages %q, want backend fetch and install", st)
+		}
+		for _, l := range sp.Links {
+			f, ok := byID[string(l.SpanId)]
+			if ok && f.Name == "page fault" && bytes.Equal(f.TraceId, l.TraceId) && attrs(f.Attributes)["farmem.page.address"] == a["farmem.prefetch.trigger"] {
+				linked++
+			}
+		}
+	}
+	t.Logf("sequential walk: %d prefetch worker batch spans, %d linked to the fault that predicted them", batches, linked)
+	if batches == 0 || linked == 0 {
+		t.Fatalf("want prefetch worker batch spans linked to their faults: %d batches, %d linked\n%s", batches, linked, lastLines(out.String(), 8))
+	}
 }
 
 // joinedReads counts the memory server's read spans whose parent is one of farmem's backend

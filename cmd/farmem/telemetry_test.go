@@ -517,6 +517,7 @@ func TestTelemetryBadInput(t *testing.T) {
 		{[]string{"--trace-sample", "1.5"}, nil, "--trace-sample 1.5: give a ratio from 0 to 1"},
 		{[]string{"--trace-sample", "most"}, nil, `--trace-sample "most": give a ratio from 0 to 1`},
 		{[]string{"--trace-slow", "fast"}, nil, `--trace-slow "fast": give a duration`},
+		{[]string{"--latency-out", "/nonexistent-farmem-dir/lat.csv"}, nil, "--latency-out: open /nonexistent-farmem-dir/lat.csv"},
 		{[]string{"--trace-slow-max", "-5"}, nil, "--trace-slow-max -5: give a number of faults a second"},
 		{[]string{"--stats", "0s"}, nil, `--stats "0s": give an interval`},
 		{[]string{"--otlp", "localhost"}, nil, `--otlp "localhost": give HOST:PORT`},
@@ -550,5 +551,44 @@ func TestTelemetryBadInput(t *testing.T) {
 		if !strings.Contains(out, "farmem: fault service") {
 			t.Errorf("no summary after a run whose collector was down")
 		}
+	}
+}
+
+// --latency-out holds every fault and every eviction batch: its counts by source are the
+// summary's, and --quiet does not turn it off.
+func TestLatencyOut(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lat.csv")
+	out := runMicro(t, nil, "--prefetch", "none", "--latency-out", path)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if lines[0] != "what,lower_ns,upper_ns,count" {
+		t.Fatalf("--latency-out header %q", lines[0])
+	}
+	counts := map[string]int64{}
+	for _, l := range lines[1:] {
+		f := strings.Split(l, ",")
+		if len(f) != 4 {
+			t.Fatalf("--latency-out line %q", l)
+		}
+		lo, _ := strconv.ParseInt(f[1], 10, 64)
+		hi, _ := strconv.ParseInt(f[2], 10, 64)
+		n, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil || n <= 0 || hi <= lo {
+			t.Fatalf("--latency-out line %q: want lower < upper and a positive count", l)
+		}
+		counts[f[0]] += n
+	}
+	m := mustCompile(`backend ([0-9]+) p50`).FindStringSubmatch(out)
+	ev := mustCompile(`eviction batches ([0-9]+) `).FindStringSubmatch(out)
+	if m == nil || ev == nil || strconv.FormatInt(counts["backend"], 10) != m[1] || strconv.FormatInt(counts["eviction-batch"], 10) != ev[1] {
+		t.Fatalf("--latency-out counts %v, the summary's backend faults %v and batches %v", counts, m, ev)
+	}
+	os.Remove(path)
+	runMicro(t, nil, "--quiet", "--latency-out", path)
+	if b, err := os.ReadFile(path); err != nil || !strings.Contains(string(b), "\nbackend,") {
+		t.Fatalf("--quiet run: --latency-out %q, %v", b, err)
 	}
 }
