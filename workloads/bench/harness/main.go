@@ -88,6 +88,9 @@ type result struct {
 	fsP50    float64 // farmem: its backend fault-service latency, µs (its summary's)
 	fsP99    float64
 	peakB    int64 // farmem: the peak anonymous RSS it measured; swap: the cgroup's max usage
+	// farmem: its --latency-out histograms by source (zero, backend, wp, cache) and of its
+	// eviction batches; nil when it wrote none (a run stopped at its limit; native and swap runs).
+	lat map[string]hist
 }
 
 // ref is what the workload's native reference run measured.
@@ -439,10 +442,13 @@ func (h *harness) capMiB(w workload, pct int) int {
 func (h *harness) run(w workload, c config, round int) (result, error) {
 	res := result{wl: w.name, cfg: c, round: round}
 	var prefix []string
+	// farmem writes its latency histograms here at exit (none if it is killed).
+	latPath := filepath.Join(h.work, "latency.csv")
+	os.Remove(latPath)
 	switch c.kind {
 	case "farmem":
 		res.capMiB = h.capMiB(w, c.pct)
-		prefix = []string{farmemBin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB)}
+		prefix = []string{farmemBin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--latency-out", latPath}
 		if c.remote != "" {
 			prefix = append(prefix, "--ctrl", h.cluster.ctrl, "--token-file", h.cluster.token)
 			if c.remote == "shm" {
@@ -529,6 +535,14 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 			b, _ := time.ParseDuration(m[2])
 			res.fsP50, res.fsP99 = float64(a.Nanoseconds())/1e3, float64(b.Nanoseconds())/1e3
 		}
+		// The whole distribution, for the fault-latency CDF. A run without it still counts
+		// (the report says how many lack it).
+		lat, err := readLatency(latPath)
+		if err != nil {
+			h.progress("%s %s %d%% round %d: no latency histograms: %v", w.name, c.name(), c.pct, round, err)
+		}
+		res.lat = lat
+		os.Remove(latPath)
 	}
 	return res, nil
 }

@@ -242,6 +242,10 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("\nThe prefetchers side by side: farmem's default's (leap) throughput over `--prefetch none`'s at each cap below 100 %% (above the dashed line, leap helped):\n\n![prefetchers](swap-prefetch.png)\n")
 
 	// Per workload, every configuration.
+	latPanels := map[string][]latPanel{}
+	for _, w := range wls {
+		latPanels[w.name] = latencyPanels(rs, w.name, cfgs)
+	}
 	for _, w := range wls {
 		n := nat[w.name]
 		p("\n## %s\n\nNative: %s %s, %.2f s", w.title, fmtTput(n.tput), w.metric, n.wall)
@@ -284,9 +288,22 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			}
 			p(" %.0f | %.1f | %.1f | %s | %s | %d / %d of %d |\n", s.faults, s.inMiB, s.outMiB, pk, fs, s.timeouts-s.ooms, s.ooms, s.n)
 		}
+		if plots && len(latPanels[w.name]) > 0 {
+			var srcs []string
+			for _, lp := range latPanels[w.name] {
+				srcs = append(srcs, lp.what)
+			}
+			p("\nThe fault-latency CDF by source (%s): farmem's fault-service time, a line per farmem configuration and cap below 100 %% (colour: configuration; dash: cap), its rounds' histograms summed; n, p50 and p99 in the legend are those of the merged histogram. Swap has no such curve: the kernel gives no per-fault latency.\n\n![%s: fault-latency CDF by source](swap-%s-latency.png)\n",
+				strings.Join(srcs, ", "), w.title, w.name)
+		}
 	}
 	p("\nPeak MiB: what held the cap: farmem's measured peak anonymous RSS of the program, or the cgroup's `memory.max_usage_in_bytes`.\n")
-	p("\nfarmem fault service: farmem's own summary of its backend faults (reading the fault to the install's return, waits at the cap included); the kernel gives no such figure for a swap-in, and farmem exports no full distribution yet, so the fault-latency CDF by source is not drawn.\n")
+	p("\nfarmem fault service: farmem's own summary of its backend faults (reading the fault to the install's return, waits at the cap included), p50/p99 of each run, the median over the rounds in the table; the kernel gives no such figure for a swap-in, so the swap rows have none.\n")
+	p("\n**Fault-latency CDF by source** (swap-WORKLOAD-latency.png, under each workload's section): every farmem run writes its whole fault-service distribution with `farmem run --latency-out` (histograms, log-linear buckets, 8 per power of two, so within 12.5 %% in time). Each plot has a panel per fault source that had any faults: *backend* (an evicted page read back from the backend: the faults that page), *zero* (first touch or a discarded page: zero-filled, no backend), *wp* (the first write to a clean page: un-write-protected, no copy), *cache* (a page found in the prefetch cache, cache mode only); up to three panels side by side, four as a 2x2 grid, all on the same latency axis so that the sources compare. In each panel a line per farmem configuration and cap below 100 %% (the rounds' histograms summed), x the latency in µs (log), y the fraction of that source's faults at or below it. The curve is plotted at every non-empty bucket's bounds, where it is exact (the fraction of faults below the bound), and is a straight line across a bucket; the p50/p99 in the legend and the CSV are bucket midpoints, as farmem's summary computes them. The swap configurations have no curve: the kernel gives no per-fault latency for a swap-in (only the cgroup's count of major faults).\n")
+	if n := latMissing(rs); n > 0 {
+		p("\n%d farmem runs wrote no latency histograms (stopped at their time limit, so killed before farmem's exit; or see the progress log) and are not in the CDFs.\n", n)
+	}
+	p("\nswap.csv's columns after `oom_killed` are each farmem run's histograms summarized: per source (zero, backend, wp, cache) and for the eviction batches (`lat_eviction_batch_*`: the time to write one batch of evicted pages out), the count and p50/p99/p99.9 in µs; empty for native and swap runs.\n")
 	p("\nEvery run is in [swap.csv](swap.csv).\n")
 	if err := os.WriteFile(filepath.Join(out, "swap.md"), []byte(b.String()), 0o644); err != nil {
 		return err
@@ -302,6 +319,9 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			if err := plotWorkload(filepath.Join(out, "swap-"+w.name+".png"), w, cfgs, h.refs[w.name].peakMiB, rs, nat[w.name]); err != nil {
 				return fmt.Errorf("plot %s: %w", w.name, err)
 			}
+			if err := plotLatency(filepath.Join(out, "swap-"+w.name+"-latency.png"), w, latPanels[w.name]); err != nil {
+				return fmt.Errorf("latency plot %s: %w", w.name, err)
+			}
 		}
 	}
 	fmt.Fprint(os.Stdout, b.String())
@@ -314,12 +334,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed"})
+	w.Write(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed"}, latCSVHeader()...))
 	for _, r := range rs {
-		w.Write([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
+		w.Write(append([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
 			fmt.Sprintf("%.3f", r.wall), fmt.Sprintf("%.1f", r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
-			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom)})
+			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom)}, latCSV(r)...))
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
@@ -339,13 +359,6 @@ func plotWorkload(path string, w workload, cfgs []config, peakMiB int, rs []resu
 	pl.Y.Scale = plot.LogScale{}
 	pl.Y.Tick.Marker = plot.LogTicks{Prec: -1}
 	pl.Legend.Top = true // above the curves: the room above native's line is left for it
-	colors := map[string]color.Color{
-		"farmem":      color.RGBA{R: 31, G: 119, B: 180, A: 255},
-		"farmem-leap": color.RGBA{R: 44, G: 160, B: 44, A: 255},
-		"farmem-none": color.RGBA{R: 148, G: 103, B: 189, A: 255},
-		"swap-zram":   color.RGBA{R: 255, G: 127, B: 14, A: 255},
-		"swap-file":   color.RGBA{R: 214, G: 39, B: 40, A: 255},
-	}
 	seen := map[string]bool{}
 	lo, hi := 1.0, 1.0
 	minX, maxX := 100.0, 0.0
@@ -379,7 +392,7 @@ func plotWorkload(path string, w workload, cfgs []config, peakMiB int, rs []resu
 		if err != nil {
 			return err
 		}
-		col, ok := colors[name]
+		col, ok := cfgColors[name]
 		if !ok {
 			col = plotutilColor(i)
 		}
