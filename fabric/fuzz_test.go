@@ -67,18 +67,7 @@ func FuzzServe(f *testing.F) {
 				}
 			}
 		}()
-		wrote := make(chan struct{})
-		go func() {
-			defer close(wrote)
-			for b := in; len(b) > 0; {
-				n, err := unix.Write(fds[1], b)
-				if err != nil {
-					break
-				}
-				b = b[n:]
-			}
-			unix.Shutdown(fds[1], unix.SHUT_WR)
-		}()
+		wrote := feed(fds[1], in)
 		watchdog := time.AfterFunc(5*time.Second, func() { panic(fmt.Sprintf("server hung on %x", in)) })
 		c.loop()
 		unix.Close(fds[0])
@@ -116,4 +105,22 @@ func FuzzParseHeader(f *testing.F) {
 			t.Fatalf("header %x re-encodes as %x", b[:HeaderSize], back)
 		}
 	})
+}
+
+// feed writes in to fd and then shuts down fd's sending side, on its own goroutine; the channel
+// is closed once it is done (or the peer stopped reading).
+func feed(fd int, in []byte) <-chan struct{} {
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		for b := in; len(b) > 0; {
+			n, err := unix.Write(fd, b)
+			if err != nil {
+				break
+			}
+			b = b[n:]
+		}
+		unix.Shutdown(fd, unix.SHUT_WR)
+	}()
+	return wrote
 }

@@ -160,18 +160,7 @@ func serveRaw(t *testing.T, srv *Server, sess SessionID, in []byte) ([]byte, err
 			out.Write(b[:n])
 		}
 	}()
-	wrote := make(chan struct{})
-	go func() {
-		defer close(wrote)
-		for b := in; len(b) > 0; {
-			n, err := unix.Write(fds[1], b)
-			if err != nil {
-				break
-			}
-			b = b[n:]
-		}
-		unix.Shutdown(fds[1], unix.SHUT_WR)
-	}()
+	wrote := feed(fds[1], in)
 	err = c.loop()
 	unix.Close(fds[0])
 	<-done
