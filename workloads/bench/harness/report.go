@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -239,7 +240,14 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	for _, w := range wls {
 		p("\n![%s](swap-%s.png)\n", w.title, w.name)
 	}
-	p("\nThe prefetchers side by side: farmem's default's (leap) throughput over `--prefetch none`'s at each cap below 100 %% (above the dashed line, leap helped):\n\n![prefetchers](swap-prefetch.png)\n")
+	// The prefetcher comparison needs a --prefetch none configuration in this run; without one
+	// an old swap-prefetch.png in out would be shown as this run's.
+	withNone := slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "farmem" && c.prefetch == "none" && c.remote == "" })
+	if withNone {
+		p("\nThe prefetchers side by side: farmem's default's (leap) throughput over `--prefetch none`'s at each cap below 100 %% (above the dashed line, leap helped):\n\n![prefetchers](swap-prefetch.png)\n")
+	} else {
+		p("\nThis run had no `farmem-none` configuration, so it does not compare prefetchers (`-configs farmem,farmem-none,...` does; results/prefetch.md compares them on recorded traces and live runs).\n")
+	}
 
 	// Per workload, every configuration.
 	latPanels := map[string][]latPanel{}
@@ -312,8 +320,12 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		return err
 	}
 	if plots {
-		if err := plotPrefetch(filepath.Join(out, "swap-prefetch.png"), wls, pcts, rs, nat); err != nil {
-			return fmt.Errorf("prefetch plot: %w", err)
+		if withNone {
+			if err := plotPrefetch(filepath.Join(out, "swap-prefetch.png"), wls, pcts, rs, nat); err != nil {
+				return fmt.Errorf("prefetch plot: %w", err)
+			}
+		} else {
+			os.Remove(filepath.Join(out, "swap-prefetch.png")) // not this run's
 		}
 		for _, w := range wls {
 			if err := plotWorkload(filepath.Join(out, "swap-"+w.name+".png"), w, cfgs, h.refs[w.name].peakMiB, rs, nat[w.name]); err != nil {
