@@ -228,10 +228,14 @@ static int agent_sock = -1;
  * uses the madvise loop. */
 #define FM_PIDFD_SELF_THREAD (-10000)
 enum { PM_UNKNOWN, PM_SELF, PM_PIDFD, PM_NONE };
+static int drop_how = PM_UNKNOWN;
+/* drop_pidfd: PM_PIDFD's pidfd of this process. A fork child must not inherit it (atfork_child
+ * closes it): it names the parent, whose pages the child's drops would then discard. */
+static long drop_pidfd = -1;
 static void drop_runs(struct fm_run *runs, int n, int *err)
 {
-	static int how = PM_UNKNOWN;
-	static long pidfd = -1;
+	int how = drop_how;
+	long pidfd = drop_pidfd;
 	struct iovec iov[MAX_RUNS];
 	for (int i = 0; i < n; i++) iov[i].iov_base = (void *)runs[i].addr, iov[i].iov_len = runs[i].len;
 	int i = 0;
@@ -258,6 +262,8 @@ static void drop_runs(struct fm_run *runs, int n, int *err)
 		if (!*err) *err = -r;
 		i++;
 	}
+	drop_how = how;
+	drop_pidfd = pidfd;
 	for (; i < n; i++) {
 		long r = raw6(SYS_madvise, runs[i].addr, runs[i].len, MADV_DONTNEED, 0, 0, 0);
 		if (r < 0 && !*err) *err = -r;
@@ -429,6 +435,8 @@ static void atfork_child(void)
 	raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
 	if (lifeline >= 0) raw6(SYS_close, lifeline, 0, 0, 0, 0, 0); /* the parent's: it signals the parent */
 	lifeline = -1;
+	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0); /* the parent's: see drop_pidfd */
+	drop_pidfd = -1;
 	pthread_mutex_init(&ctl_lock, NULL);
 	uint64_t features;
 	ctl = connect_rt();
