@@ -1,14 +1,27 @@
 // Package evictor keeps the resident pages of all of a run's processes under the cap.
 //
-// One evictor goroutine serves every process. A batch is evicted in the only order that
-// proved race-free under concurrent writers (DESIGN.md section 3):
+// One evictor goroutine serves every process. A batch takes its victims out of the program
+// one of two ways. The first is tried for every victim, the second takes what it leaves:
 //
-//	write-protect the dirty victims -> process_vm_readv them -> store them in the backend ->
-//	commit (page table: Evicted, InFlight, Zapping) -> agent madvise(DONTNEED) -> wake
+//	move:  page table Staged -> the agent UFFDIO_MOVEs them into the process's staging area ->
+//	       process_vm_readv the staging pages -> store -> commit (Evicted) -> the agent
+//	       madvise(DONTNEED)s the staging area
+//	drop:  write-protect the dirty victims -> process_vm_readv them -> store -> commit
+//	       (Evicted, InFlight, Zapping) -> the agent madvise(DONTNEED)s them -> wake
 //
-// Clean victims (installed write-protected from a slot and never written) skip the first
-// three steps: their slot is still current. The fault thread, not the evictor, consumes the
-// REMOVE events our DONTNEEDs raise; the evictor never reads the uffd.
+// The drop order is the only one that proved race-free under concurrent writers when the
+// runtime cannot take pages itself (DESIGN.md section 3). It pays a write-protect (a TLB
+// flush) and a REMOVE event, which the agent must wait for the fault thread to read, per
+// contiguous run: a round trip between two processes, ~22 us here (results/eviction.md). A
+// random victim set is nearly a run per page. The move costs ~1 us a page inside the agent,
+// needs no protection (a moved page is out of the program's reach: a fault on it waits for
+// the commit), and the whole batch raises one REMOVE, the staging area's. The kernel refuses
+// to move a page still shared with a fork child (EBUSY: redis's cold pages after a BGSAVE,
+// until written) and moves nothing in a fork child of ours; those go the drop way.
+//
+// Clean victims (installed write-protected from a slot and never written) are not copied:
+// their slot is still current. The fault thread, not the evictor, consumes the REMOVE events
+// our DONTNEEDs raise; the evictor never reads the uffd.
 package evictor
 
 import (
@@ -39,6 +52,13 @@ type Target interface {
 	CanEvict() bool
 	// Drop asks the process's agent to madvise(DONTNEED) runs and waits for it.
 	Drop(runs []Run) error
+	// Staging returns the process's staging area, BatchPages pages made on first use, or 0 if
+	// its pages cannot be moved (a fork child; a kernel without UFFDIO_MOVE).
+	Staging() uint64
+	// Move asks the process's agent to UFFDIO_MOVE runs, page after page, into the staging
+	// area from dst on, and waits for it. status[k] is 0 if the k-th page moved, else the
+	// errno that kept it in the program.
+	Move(runs []Run, dst uint64, status []byte) error
 	// Fail stops the process with a message (a page could not be evicted safely).
 	Fail(err error)
 	// WakeIfWaiting tells the process's fault thread that a batch finished: faults waiting
@@ -51,19 +71,21 @@ type Target interface {
 }
 
 // BatchRecord is one eviction batch, handed to Evictor.Trace once the batch is done. Stage ends
-// are offsets from Start: write-protect of the dirty victims, their copy out, the backend store,
-// the agent's drop, the wake of writers held by the protection.
+// are offsets from Start: the agent's move, write-protect of the dirty victims left in the
+// program, their copy out, the backend store, the agent's drop, the wake of writers held by
+// the protection.
 type BatchRecord struct {
-	Pid                                   int
-	Start                                 time.Time
-	Protect, Copy, Store, Drop, End       time.Duration
-	Victims, Written, Dropped, Zero, Runs int
+	Pid                                           int
+	Start                                         time.Time
+	Move, Protect, Copy, Store, Drop, End         time.Duration
+	Victims, Written, Dropped, Zero, Runs, Staged int
 }
 
 // A batch's stages, in order (BatchRecord's fields, Stats.StageTime's indices).
 const (
-	StageProtect = iota // write-protect the dirty victims
-	StageCopy           // process_vm_readv them
+	StageMove    = iota // the agent moves victims into the staging area
+	StageProtect        // write-protect the dirty victims left in the program
+	StageCopy           // process_vm_readv
 	StageStore          // the backend store
 	StageDrop           // commit and the agent's drop
 	StageWake           // wake the writers held by the protection
@@ -71,7 +93,7 @@ const (
 )
 
 // StageNames names the stages for people.
-var StageNames = [NumStages]string{"write-protect", "copy out", "store", "drop", "wake"}
+var StageNames = [NumStages]string{"move", "write-protect", "copy out", "store", "drop", "wake"}
 
 // BatchPages is how many pages one eviction batch takes at most.
 const BatchPages = 256
@@ -79,7 +101,9 @@ const BatchPages = 256
 // Stats counts what the evictor did.
 type Stats struct {
 	Batches, Written, Dropped, Zero atomic.Int64
-	Runs                            atomic.Int64      // contiguous runs dropped: one REMOVE event each
+	Runs                            atomic.Int64      // contiguous runs of victims
+	Staged                          atomic.Int64      // victims evicted by moving them out
+	Removes                         atomic.Int64      // REMOVE events our drops raised: one a run dropped
 	Aborted                         atomic.Int64      // batches given up: the program unmapped or moved victims
 	Batch                           latency.Histogram // one batch, victim choice to wake
 	// StageTime is the time all batches spent in each stage (Stage*), in nanoseconds: where a
@@ -115,6 +139,10 @@ type Evictor struct {
 
 	buf     []byte
 	victims []uint64
+	ents    []*pagetable.Entry // the victims' entries, by pointer (see pagetable's doc)
+	status  []byte             // the agent's move status of each victim
+	rest    []uint64           // the victims the agent did not move
+	remote  []unix.RemoteIovec
 	slots   []backend.Slot
 }
 
@@ -127,6 +155,7 @@ func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func
 		CapPages: capPages, High: capPages - head/2, Low: capPages - head, Resident: resident,
 		Targets: targets, Backend: b, Kick: make(chan struct{}, 1),
 		buf: make([]byte, BatchPages*uffd.PageSize), slots: make([]backend.Slot, BatchPages),
+		status: make([]byte, BatchPages),
 	}
 }
 
@@ -238,13 +267,65 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	}
 	defer t.Release()
 	start := time.Now()
+	var rec BatchRecord
+	// Six clock reads a batch (a batch takes milliseconds): the stages are always timed.
+	mark := func(d *time.Duration) { *d = time.Since(start) }
 	tb := t.Table()
 	fd := t.UFFD()
+	base := t.Staging()
 	tb.Lock()
 	e.victims = tb.Victims(want, e.victims)
-	var dirty, clean []uint64
-	for _, p := range e.victims {
+	e.ents = e.ents[:0]
+	for i, p := range e.victims {
 		en := tb.Get(p)
+		e.ents = append(e.ents, en)
+		if base != 0 {
+			tb.Stage(en, i)
+		}
+	}
+	tb.Unlock()
+	if len(e.victims) == 0 {
+		return nil
+	}
+	victimRuns := runs(e.victims, nil)
+	// Move out: the agent takes every victim it can out of the program into the staging area
+	// (victim i to staging page i). From there nothing can change it, so no write-protect is
+	// needed, and the batch's drop is one range, the staging area's, not one per run.
+	var staged []int // victims in the staging area, in victim order
+	rest := e.victims
+	if base != 0 {
+		status := e.status[:len(e.victims)]
+		if err := t.Move(victimRuns, base, status); err != nil {
+			if errors.Is(err, ErrGone) {
+				return nil
+			}
+			return fmt.Errorf("evict: agent move: %w", err)
+		}
+		rest = e.rest[:0]
+		tb.Lock()
+		for i, en := range e.ents {
+			switch {
+			case en.State != pagetable.Staged:
+				// Discarded by the program meanwhile (State 0): whatever moved is junk now.
+			case status[i] == 0:
+				staged = append(staged, i)
+			default:
+				tb.Unstage(en) // still in the program: evicted below the other way, or requeued
+				rest = append(rest, e.victims[i])
+			}
+		}
+		tb.Unlock()
+		e.rest = rest
+	}
+	mark(&rec.Move)
+	// The victims left in the program (every one, without a staging area).
+	var dirty, clean []uint64
+	tb.Lock()
+	for _, p := range rest {
+		en := tb.Get(p)
+		if en == nil || en.State != pagetable.Resident {
+			continue // discarded, or moved by mremap, meanwhile
+		}
 		if en.Dirty || en.Slot == 0 {
 			en.State = pagetable.Evicting
 			dirty = append(dirty, p)
@@ -253,13 +334,6 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		}
 	}
 	tb.Unlock()
-	if len(e.victims) == 0 {
-		return nil
-	}
-	var rec BatchRecord
-	tracing := e.Trace != nil
-	// Five clock reads a batch (a batch takes milliseconds): the stages are always timed.
-	mark := func(d *time.Duration) { *d = time.Since(start) }
 	dirtyRuns := runs(dirty, nil)
 	for _, r := range dirtyRuns {
 		// (The kernel refuses DONTWAKE together with WP: EINVAL.)
@@ -269,32 +343,54 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		}
 		if errors.Is(err, unix.ENOENT) {
 			e.abort(tb, fd, dirty, clean, dirtyRuns) // unmapped or moved meanwhile
-			return nil
+			dirty, clean, dirtyRuns = nil, nil, nil
+			break
 		}
 		if err != nil {
 			return fmt.Errorf("evict: write-protect %#x+%d: %w", r.Addr, r.Len, err)
 		}
 	}
 	mark(&rec.Protect)
-	// Copy out: the pages are present and write-protected, so reading them cannot fault and
-	// no write can slip in between the copy and the drop.
-	n := len(dirty)
+	// Copy out, in one process_vm_readv: the staged pages that need writing, then the dirty
+	// victims still in the program. Both are present and cannot change (a staging page is
+	// nobody's; a victim is write-protected), so reading them cannot fault and no write can
+	// slip in between the copy and the drop.
+	var stagedDirty []int // indices into staged
+	remote := e.remote[:0]
+	for k, i := range staged {
+		en := e.ents[i]
+		if !en.Dirty && en.Slot != 0 {
+			continue // clean: its slot is current
+		}
+		stagedDirty = append(stagedDirty, k)
+		a := base + uint64(i)*uffd.PageSize
+		if j := len(remote) - 1; j >= 0 && uint64(remote[j].Base)+uint64(remote[j].Len) == a {
+			remote[j].Len += uffd.PageSize
+		} else {
+			remote = append(remote, unix.RemoteIovec{Base: uintptr(a), Len: uffd.PageSize})
+		}
+	}
+	nStaged := len(stagedDirty)
+	for _, r := range dirtyRuns {
+		remote = append(remote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)})
+	}
+	e.remote = remote
+	n := nStaged + len(dirty)
 	if n > 0 {
 		local := []unix.Iovec{{Base: &e.buf[0]}}
 		local[0].SetLen(n * uffd.PageSize)
-		remote := make([]unix.RemoteIovec, len(dirtyRuns))
-		for i, r := range dirtyRuns {
-			remote[i] = unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)}
-		}
 		got, err := unix.ProcessVMReadv(t.Pid(), local, remote, 0)
 		if errors.Is(err, unix.ESRCH) {
 			return nil
 		}
+		if got < nStaged*uffd.PageSize {
+			return fmt.Errorf("evict: process_vm_readv of %d staged pages read %d bytes: %v", nStaged, got, err)
+		}
 		if errors.Is(err, unix.EFAULT) || (err == nil && got < n*uffd.PageSize) {
 			e.abort(tb, fd, dirty, clean, dirtyRuns) // part of it was unmapped meanwhile
-			return nil
-		}
-		if err != nil || got != n*uffd.PageSize {
+			dirty, clean, dirtyRuns = nil, nil, nil
+			n = nStaged
+		} else if err != nil || got != n*uffd.PageSize {
 			return fmt.Errorf("evict: process_vm_readv of %d pages read %d bytes: %v", n, got, err)
 		}
 	}
@@ -329,23 +425,49 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	// (REMOVE/UNMAP) or written (clean pages) some meanwhile.
 	var drop []uint64
 	tb.Lock()
-	for i, p := range dirty {
-		en := tb.Get(p)
-		if en == nil || en.State != pagetable.Evicting {
-			if slots[i] != 0 {
-				e.Backend.Free(slots[i])
-			}
-			continue
-		}
-		tb.MarkEvicted(en, slots[i])
-		drop = append(drop, p)
-		if slots[i] == 0 {
+	written := func(slot backend.Slot) {
+		if slot == 0 {
 			e.Stats.Zero.Add(1)
 			rec.Zero++
 		} else {
 			e.Stats.Written.Add(1)
 			rec.Written++
 		}
+	}
+	next := 0 // the next of stagedDirty, and its slot's index
+	for k, i := range staged {
+		en := e.ents[i]
+		slot := en.Slot // clean
+		if next < nStaged && stagedDirty[next] == k {
+			slot = slots[next]
+			next++
+			if en.State != pagetable.Staged {
+				if slot != 0 {
+					e.Backend.Free(slot)
+				}
+				continue
+			}
+			written(slot)
+		} else if en.State != pagetable.Staged {
+			continue
+		} else {
+			e.Stats.Dropped.Add(1)
+			rec.Dropped++
+		}
+		tb.CommitStaged(en, slot)
+	}
+	for i, p := range dirty {
+		slot := slots[nStaged+i]
+		en := tb.Get(p)
+		if en == nil || en.State != pagetable.Evicting {
+			if slot != 0 {
+				e.Backend.Free(slot)
+			}
+			continue
+		}
+		tb.MarkEvicted(en, slot)
+		drop = append(drop, p)
+		written(slot)
 	}
 	for _, p := range clean {
 		en := tb.Get(p)
@@ -361,6 +483,12 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	tb.Unlock()
 	slices.Sort(drop)
 	dropRuns := runs(drop, nil)
+	if len(staged) > 0 {
+		// The whole used part of the staging area: one run, one REMOVE event, whatever the
+		// victims' spread. It holds nothing of the program's any more.
+		last := staged[len(staged)-1]
+		dropRuns = append(dropRuns, Run{base, uint64(last+1) * uffd.PageSize})
+	}
 	if len(dropRuns) > 0 {
 		if err := t.Drop(dropRuns); err != nil {
 			if errors.Is(err, ErrGone) {
@@ -382,7 +510,8 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	}
 	tb.Unlock()
 	// Writers that hit the write protection wait for this wake; their retry now faults as
-	// MISSING and is served from the stored copy.
+	// MISSING and is served from the stored copy. (Faults on staged pages wait in the fault
+	// thread, which retries them when Loop wakes it.)
 	for _, r := range dirtyRuns {
 		if err := uffd.Wake(fd, r.Addr, r.Len); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("evict: wake: %w", err)
@@ -393,17 +522,19 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		e.Stats.PeakStored.Store(n)
 		e.Stats.PeakStoredBytes.Store(e.Backend.StoredBytes())
 	}
-	e.Stats.Runs.Add(int64(len(dropRuns)))
+	e.Stats.Runs.Add(int64(len(victimRuns)))
+	e.Stats.Staged.Add(int64(len(staged)))
+	e.Stats.Removes.Add(int64(len(dropRuns)))
 	d := time.Since(start)
 	e.Stats.Batch.Record(d)
 	prev := time.Duration(0)
-	for i, end := range [NumStages]time.Duration{rec.Protect, rec.Copy, rec.Store, rec.Drop, d} {
+	for i, end := range [NumStages]time.Duration{rec.Move, rec.Protect, rec.Copy, rec.Store, rec.Drop, d} {
 		e.Stats.StageTime[i].Add(int64(end - prev))
 		prev = end
 	}
-	if tracing {
+	if tracing := e.Trace != nil; tracing {
 		r := rec // only this copy escapes: a batch allocates nothing for tracing when off
-		r.Pid, r.Start, r.End, r.Victims, r.Runs = t.Pid(), start, d, len(e.victims), len(dropRuns)
+		r.Pid, r.Start, r.End, r.Victims, r.Runs, r.Staged = t.Pid(), start, d, len(e.victims), len(victimRuns), len(staged)
 		e.Trace(&r)
 	}
 	return nil

@@ -21,10 +21,11 @@ import (
 // that faults most often.
 //
 // The shim's agent thread goes to the same CPU. It is ours, not the program's: it only runs
-// eviction drops. Each run it madvise(DONTNEED)s blocks in the kernel until the fault thread
-// reads the REMOVE event, so a batch of n non-contiguous runs is n round trips between the
-// two threads. Across CPUs that was 60 us a run or more (a random walk's batches of ~100 runs
-// spent 6-13 ms in the drop); on one CPU a round trip is a direct switch.
+// evictions. Each run a drop madvise(DONTNEED)s blocks in the kernel until the fault thread
+// reads the REMOVE event, so a batch of n non-contiguous runs dropped is n round trips between
+// the two threads. Across CPUs that was 60 us a run or more (a random walk's batches of ~100
+// runs spent 6-13 ms in the drop); on one CPU a round trip is a direct switch. (Most batches
+// now move their victims out instead, which needs no round trip a run: evictor's doc.)
 type placement struct {
 	faults int
 	cpu    int   // the CPU the fault thread is pinned to; -1 = not pinned

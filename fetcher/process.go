@@ -31,6 +31,10 @@ const RegisterMode = uffd.ModeMissing | uffd.ModeWP
 type Agent interface {
 	// Drop has the agent madvise(DONTNEED) runs and waits for it.
 	Drop(runs []evictor.Run) error
+	// Move has the agent UFFDIO_MOVE runs into the staging area from dst on (evictor.Target).
+	Move(runs []evictor.Run, dst uint64, status []byte) error
+	// Staging has the agent map a staging area of bytes and returns its address.
+	Staging(bytes uint64) (uint64, error)
 	// Filter has the agent install the mapping filter on every thread of its process and
 	// returns the filter's seccomp listener (mapfilter.go).
 	Filter(minBytes uint64) (listener int, err error)
@@ -55,8 +59,13 @@ type Process struct {
 	agentMu  sync.Mutex
 	agent    Agent       // protected by agentMu
 	filtered atomic.Bool // the agent was asked to install the mapping filter (mapfilter.go)
-	brkMu    sync.Mutex  // serializes the process's notified brk calls
-	brk      int64       // protected by brkMu; the break the last of them left (0: not known yet)
+	// staging is the staging area the evictor moves victims into (evictor.Target.Staging): 0
+	// until the first batch makes it, noStaging once it is known there can be none. Both
+	// belong to the evictor goroutine.
+	staging   uint64
+	noStaging bool
+	brkMu     sync.Mutex // serializes the process's notified brk calls
+	brk       int64      // protected by brkMu; the break the last of them left (0: not known yet)
 
 	regMu      sync.Mutex
 	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
@@ -150,6 +159,51 @@ func (p *Process) Drop(runs []evictor.Run) error {
 	return a.Drop(runs)
 }
 
+// Staging implements evictor.Target. The agent maps and registers the area itself, on a
+// uffd of its own (shim.c, make_staging): its drop then raises no REMOVE event for our fault
+// thread to read. Not in a fork child that inherited its parent's area: that may hold the
+// parent's staged pages, which the child's table reads (pagetable's Stage).
+func (p *Process) Staging() uint64 {
+	if p.staging != 0 || p.noStaging {
+		return p.staging
+	}
+	p.noStaging = true
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	p.table.Lock()
+	start, _ := p.table.Staging()
+	p.table.Unlock()
+	if a == nil || start != 0 {
+		return 0
+	}
+	size := uint64(evictor.BatchPages * ps)
+	base, err := a.Staging(size)
+	if err != nil {
+		return 0 // the drop way, then: slower, never wrong
+	}
+	p.table.Lock()
+	p.table.SetStaging(base, base+size)
+	p.table.Unlock()
+	p.staging, p.noStaging = base, false
+	return base
+}
+
+// Move implements evictor.Target.
+func (p *Process) Move(runs []evictor.Run, dst uint64, status []byte) error {
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	if a == nil {
+		return evictor.ErrGone
+	}
+	err := a.Move(runs, dst, status)
+	if err == nil && len(status) > 0 && (status[0] == byte(unix.ENOTTY) || status[0] == byte(unix.ENOSYS)) {
+		p.staging, p.noStaging = 0, true // a kernel before 6.8: no UFFDIO_MOVE
+	}
+	return err
+}
+
 // Fail implements evictor.Target: stop the program rather than let it see wrong data.
 func (p *Process) Fail(err error) {
 	p.failOnce.Do(func() {
@@ -223,7 +277,9 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 		p.table.Lock()
 		for i, e := range buf[:k] {
 			page := start + (off+uint64(i))*uffd.PageSize
-			if e>>63 != 0 && p.table.Get(page) == nil { // bit 63: present
+			// bit 63: present. The staging area's pages are not the program's (the kernel may
+			// have merged it with a neighbour, so a mapping can hold it).
+			if e>>63 != 0 && p.table.Get(page) == nil && !p.table.InStaging(page) {
 				p.table.Install(page, true, 0)
 				adopted++
 			}

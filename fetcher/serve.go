@@ -184,6 +184,13 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	case pagetable.Resident, pagetable.Evicting:
 		// Already installed (a batch filled it, or two threads faulted on it): just wake.
 		return p.wake(pg), FromZero
+	case pagetable.Staged:
+		// Moved out by the batch in flight: it commits the page (or puts it back) shortly
+		// and wakes this thread, which then finds it Evicted (or present).
+		return retry, FromBackend
+	}
+	if e.Stage != 0 {
+		return p.fromStaging(pg, e, buf), FromBackend
 	}
 	if e.Prefetching {
 		// The prefetch worker is fetching it: wait for that batch (it wakes this thread)
@@ -325,8 +332,10 @@ func (p *Process) wpFault(pg uint64) outcome {
 		return p.unprotect(pg)
 	case e.State == pagetable.Evicting:
 		return served // the evictor wakes the writer once the page is gone
-	case e.Zapping:
-		return retry // our agent is dropping it right now; afterwards the retry faults MISSING
+	case e.Zapping, e.State == pagetable.Staged:
+		// Our agent is dropping or moving it right now; afterwards the retry finds it absent
+		// (and wakes the writer, whose retry faults MISSING) or present again.
+		return retry
 	}
 	// Evicted and not being dropped, yet a write hit its protection: if the page is present it
 	// is a fork child's copy of a page the parent was evicting at fork time; its content is the
@@ -340,6 +349,37 @@ func (p *Process) wpFault(pg uint64) outcome {
 	}
 	t.Install(pg, true, e.Slot)
 	return p.unprotect(pg)
+}
+
+// fromStaging serves a fork child's page that its parent had moved out, and not yet stored,
+// when it forked (pagetable's Stage): its content is the child's copy of the staging page.
+// That copy is present whenever the page is absent (the parent drops its staging area only
+// after committing every staged page); it is checked all the same, because reading an absent
+// registered page from this thread would wait on this thread forever.
+func (p *Process) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome {
+	start, _ := p.table.Staging()
+	src := start + uint64(e.Stage-1)*ps
+	present, err := p.present(src)
+	if err != nil {
+		return retry // no pid yet (fork child before its hello)
+	}
+	if !present {
+		p.Fail(fmt.Errorf("page %#x: its copy in the staging area (%#x) is gone", pg, src))
+		return served
+	}
+	local := []unix.Iovec{{Base: &buf[0]}}
+	local[0].SetLen(ps)
+	got, err := unix.ProcessVMReadv(p.Pid(), local, []unix.RemoteIovec{{Base: uintptr(src), Len: ps}}, 0)
+	if err == unix.ESRCH {
+		return served
+	}
+	if err != nil || got != ps {
+		p.Fail(fmt.Errorf("page %#x: reading its copy in the staging area: %d bytes, %v", pg, got, err))
+		return served
+	}
+	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
+	p.clock.installed(IoctlCopy)
+	return p.installed(pg, n, err, true, 0, FromBackend)
 }
 
 func (p *Process) unprotect(pg uint64) outcome {

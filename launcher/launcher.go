@@ -248,8 +248,9 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 		fmt.Fprintf(os.Stderr, "; %s %d p50 %v p99 %v p99.9 %v", src, h.Count(), h.Quantile(0.5), h.Quantile(0.99), h.Quantile(0.999))
 	}
 	if n := e.Batches.Load(); n > 0 {
-		fmt.Fprintf(os.Stderr, "; eviction batches %d (%.1f runs, %.1f pages each) p50 %v p99 %v",
-			n, float64(e.Runs.Load())/float64(n), float64(e.Evicted())/float64(n),
+		fmt.Fprintf(os.Stderr, "; eviction batches %d (%.1f pages in %.1f runs each, %.0f%% of pages moved out, %.1f REMOVEs each) p50 %v p99 %v",
+			n, float64(e.Evicted())/float64(n), float64(e.Runs.Load())/float64(n),
+			100*float64(e.Staged.Load())/float64(max(e.Evicted(), 1)), float64(e.Removes.Load())/float64(n),
 			e.Batch.Quantile(0.5), e.Batch.Quantile(0.99))
 		fmt.Fprintf(os.Stderr, ", mean")
 		for i, name := range evictor.StageNames {

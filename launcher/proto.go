@@ -29,10 +29,16 @@ const (
 	msgSyscall     = 10
 	msgSyscallDone = 11
 	msgAgentReady  = 12
+	msgMove        = 13
+	msgMoveDone    = 14
+	msgStaging     = 15
+	msgStagingOK   = 16
 
-	protoVersion = 4
+	protoVersion = 5
 	msgSize      = 40
 	maxRuns      = 128
+	maxMovePages = 256 // pages one MOVE message may cover (shim.c's status buffer)
+	pageSize     = 4096
 )
 
 type msg struct {
@@ -75,6 +81,7 @@ var errClosed = errors.New("connection closed")
 type conn struct {
 	c   *net.UnixConn
 	buf [msgSize + maxRuns*16]byte
+	n   int // bytes of the last message in buf
 	oob [64]byte
 }
 
@@ -100,6 +107,7 @@ func (c *conn) recvLifeline() (msg, int, int, error) {
 	if n == 0 {
 		return msg{}, -1, -1, errClosed
 	}
+	c.n = n
 	fd, extra := -1, -1
 	if oobn > 0 {
 		cms, err := syscall.ParseSocketControlMessage(c.oob[:oobn])
@@ -179,6 +187,68 @@ func (a *agentConn) Drop(runs []evictor.Run) error {
 		runs = runs[k:]
 	}
 	return first
+}
+
+// Move implements fetcher.Agent: the agent moves the runs' pages, in order, to consecutive
+// pages from dst on, and answers a status byte per page (0 moved, else its errno).
+func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	done := 0 // pages asked for so far
+	for len(runs) > 0 {
+		k, pages := 0, 0
+		for k < len(runs) && k < maxRuns && pages+int(runs[k].Len/pageSize) <= maxMovePages {
+			pages += int(runs[k].Len / pageSize)
+			k++
+		}
+		if k == 0 {
+			return fmt.Errorf("a run of %d pages is more than one move message takes", runs[0].Len/pageSize)
+		}
+		if done+pages > len(status) {
+			return fmt.Errorf("%d pages to move, status for %d", done+pages, len(status))
+		}
+		b := make([]byte, msgSize+16*k)
+		(&msg{Type: msgMove, Version: protoVersion, N: int32(k), A: dst + uint64(done)*pageSize, B: uint64(pages)}).encode(b)
+		for i, r := range runs[:k] {
+			binary.LittleEndian.PutUint64(b[msgSize+16*i:], r.Addr)
+			binary.LittleEndian.PutUint64(b[msgSize+16*i+8:], r.Len)
+		}
+		if _, err := a.c.c.Write(b); err != nil {
+			return evictor.ErrGone
+		}
+		m, _, err := a.c.recv()
+		if err != nil {
+			return evictor.ErrGone
+		}
+		body := a.c.buf[msgSize:a.c.n]
+		if m.Type != msgMoveDone || int(m.N) != pages || len(body) < pages {
+			return fmt.Errorf("agent answered message type %d (%d pages, %d status bytes) to a move of %d pages", m.Type, m.N, len(body), pages)
+		}
+		copy(status[done:done+pages], body)
+		done += pages
+		runs = runs[k:]
+	}
+	return nil
+}
+
+// Staging implements fetcher.Agent: the agent maps the staging area (shim.c, make_staging).
+func (a *agentConn) Staging(bytes uint64) (uint64, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.c.send(msg{Type: msgStaging, A: bytes}, -1) != nil {
+		return 0, evictor.ErrGone
+	}
+	m, _, err := a.c.recv()
+	if err != nil {
+		return 0, evictor.ErrGone
+	}
+	if m.Type != msgStagingOK {
+		return 0, fmt.Errorf("agent answered message type %d to a staging request", m.Type)
+	}
+	if m.A == 0 {
+		return 0, unix.Errno(m.B)
+	}
+	return m.A, nil
 }
 
 // Filter implements fetcher.Agent: the agent installs the mapping filter (shim.c, item 5) on

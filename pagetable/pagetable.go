@@ -11,6 +11,11 @@
 //	          !Dirty implies Slot != 0 and the page is write-protected, so the first write
 //	          arrives as a WP fault before it can change the page.
 //	Evicting  write-protected and being copied out by the evictor; present in the program.
+//	Staged    chosen by a batch that moves its victims out with the agent's UFFDIO_MOVE: the
+//	          page is in the program, or (once moved) absent from it and in staging page
+//	          Stage-1 of the process's staging area, where nothing can change it. A fault on it
+//	          waits for the batch, which commits it Evicted, or puts it back Resident if it
+//	          could not be moved (a page still shared with a fork child: EBUSY).
 //	Evicted   absent from the program (or about to be: Zapping); content is Slot (0 = zeros).
 //	          InFlight: our own agent's DONTNEED of this page has not yet been seen as a REMOVE
 //	          event, so the next REMOVE covering it is ours, not the program's discard.
@@ -20,6 +25,14 @@
 //	          Prefetching: queued for the process's prefetch worker, so it is not queued
 //	          twice, and a fault on it waits for the worker instead of fetching it again;
 //	          the worker clears it when done with its batch, and any install resets it.
+//	          Stage != 0 (fork children only): the parent forked while this page was Staged.
+//	          If it is absent here, it had moved: its content is this process's copy of the
+//	          staging page, which fork copied with the rest (the parent's batch had not
+//	          dropped it yet), not any slot.
+//
+// An entry's pointer stays valid while it is in the table, and the evictor keeps its victims'
+// pointers across a batch: Move re-keys the same entry, and Discard sets State to 0, so a batch
+// tells a page it still owns from one the program discarded (and maybe touched again) meanwhile.
 package pagetable
 
 import (
@@ -37,7 +50,12 @@ const (
 	Resident State = iota + 1
 	Evicting
 	Evicted
+	Staged
 )
+
+// present reports whether s counts as resident: in the program, or moved out by a batch
+// that has not committed it (the staging page is still the program's memory).
+func present(s State) bool { return s == Resident || s == Evicting || s == Staged }
 
 // Entry is one page's record.
 type Entry struct {
@@ -51,7 +69,10 @@ type Entry struct {
 	// the worker re-checks the page under the lock before installing it.
 	Prefetching bool
 	Seq         uint32 // bumped on each install; victim-queue items with an older Seq are stale
-	Slot        backend.Slot
+	// Stage is 1 + the page's index in the staging area: Staged pages, and the Evicted pages
+	// of a fork child that the parent had Staged (see the package doc).
+	Stage uint16
+	Slot  backend.Slot
 }
 
 type victim struct {
@@ -71,6 +92,13 @@ type PageTable struct {
 	slots    *Slots
 	pinLo    uint64 // protected by mu; [pinLo, pinHi) is never a victim
 	pinHi    uint64
+	// VictimBlock: Victims takes each victim's resident block mates too, in aligned blocks of
+	// this many pages (a power of two; 0 or 1: the victim alone). Set before use.
+	VictimBlock int
+	// staging, stagingEnd: the process's staging area (see Staged), or the one inherited
+	// from the parent in a fork child. Never adopted or evicted: its pages are not the
+	// program's. Protected by mu.
+	staging, stagingEnd uint64
 }
 
 // New returns an empty table that counts its resident pages into resident and frees slots
@@ -102,7 +130,7 @@ func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) {
 		e = &Entry{}
 		t.pages[page] = e
 	}
-	if e.State != Resident && e.State != Evicting {
+	if !present(e.State) {
 		t.addResident(1)
 	}
 	if e.Slot != 0 && e.Slot != slot {
@@ -118,26 +146,46 @@ func (t *PageTable) Discard(page uint64) {
 	if e == nil {
 		return
 	}
-	if e.State == Resident || e.State == Evicting {
+	if present(e.State) {
 		t.addResident(-1)
 	}
 	if e.Slot != 0 {
 		t.slots.Release(e.Slot)
 	}
+	e.State = 0 // for whoever holds the pointer: an eviction batch
 	delete(t.pages, page)
 }
 
 // MarkEvicted records that page's content now lives in slot (the entry's old slot, if
 // different, is released) and that our agent is about to drop it from the program.
 func (t *PageTable) MarkEvicted(e *Entry, slot backend.Slot) {
-	if e.State == Resident || e.State == Evicting {
+	t.evicted(e, slot)
+	e.InFlight, e.Zapping = true, true
+}
+
+// Stage marks a victim of a moving batch Staged at index i of the staging area.
+func (t *PageTable) Stage(e *Entry, i int) { e.State, e.Stage = Staged, uint16(i+1) }
+
+// Unstage puts back a Staged page the agent could not move: it is still in the program. The
+// batch goes on to evict it the other way, or requeues it.
+func (t *PageTable) Unstage(e *Entry) { e.State, e.Stage = Resident, 0 }
+
+// CommitStaged records that a moved page's content now lives in slot. The page left the
+// program when it moved, so no REMOVE of it is to come (the staging area's is not its).
+func (t *PageTable) CommitStaged(e *Entry, slot backend.Slot) {
+	t.evicted(e, slot)
+	e.InFlight, e.Zapping, e.Stage = false, false, 0
+}
+
+func (t *PageTable) evicted(e *Entry, slot backend.Slot) {
+	if present(e.State) {
 		t.addResident(-1)
 	}
 	if e.Slot != 0 && e.Slot != slot {
 		t.slots.Release(e.Slot)
 	}
 	e.WasWritten = e.Dirty
-	e.State, e.Slot, e.Dirty, e.InFlight, e.Zapping = Evicted, slot, false, true, true
+	e.State, e.Slot, e.Dirty = Evicted, slot, false
 }
 
 // Move re-keys the entries of [from, from+length) at to (mremap).
@@ -159,12 +207,16 @@ func (t *PageTable) Move(from, to, length uint64) {
 		switch e.State {
 		case Evicting:
 			e.State = Resident
+		case Staged:
+			// Moved out or not, the batch finds it by its pointer: it commits or unstages it
+			// here. A fault here waits for that, as at the old address. Queued below at its
+			// new address: the batch, which knows only the old one, cannot requeue it.
 		case Evicted:
 			// Nor is a prefetch of the old address this page's any more: a fault here must
 			// not wait for it.
 			e.InFlight, e.Zapping, e.Prefetching = false, false, false
 		}
-		if e.State == Resident {
+		if e.State == Resident || e.State == Staged {
 			e.Seq++
 			t.fifo = append(t.fifo, victim{p, e.Seq})
 		}
@@ -194,20 +246,44 @@ func (t *PageTable) each(start, end uint64, f func(uint64, *Entry)) {
 	}
 }
 
-// Victims pops up to n resident pages in install order (first in, first out) and returns them
-// sorted by address, so the caller can evict contiguous runs. FIFO is the policy because the
-// kernel gives us no access bits for another process's pages cheaply; a page that comes back
-// re-enters at the tail, which makes re-faulted (hot) pages the last to go again.
+// Victims pops up to n resident pages in install order (first in, first out), each with the
+// other resident pages of its aligned block of VictimBlock pages, and returns them sorted by
+// address, so the caller can evict contiguous runs. FIFO is the policy because the kernel gives
+// us no access bits for another process's pages cheaply; a page that comes back re-enters at
+// the tail, which makes re-faulted (hot) pages the last to go again. The block mates go early:
+// every run an eviction takes out of the program costs a TLB flush, and in this VM that is tens
+// of microseconds whoever does it (results/eviction.md), while a victim set spread at random
+// is nearly a run a page.
 func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 	out = out[:0]
+	var taken map[uint64]bool
+	if t.VictimBlock > 1 {
+		taken = make(map[uint64]bool, n)
+	}
+	take := func(p uint64) {
+		out = append(out, p)
+		if taken != nil {
+			taken[p] = true
+		}
+	}
 	for t.head < len(t.fifo) && len(out) < n {
 		v := t.fifo[t.head]
 		t.head++
-		if v.page >= t.pinLo && v.page < t.pinHi {
+		if t.pinned(v.page) || taken[v.page] {
 			continue
 		}
-		if e := t.pages[v.page]; e != nil && e.State == Resident && e.Seq == v.seq {
-			out = append(out, v.page)
+		if e := t.pages[v.page]; e == nil || e.State != Resident || e.Seq != v.seq {
+			continue
+		}
+		take(v.page)
+		if t.VictimBlock <= 1 {
+			continue
+		}
+		size := uint64(t.VictimBlock) * backend.PageSize
+		for p := v.page &^ (size - 1); p < v.page&^(size-1)+size && len(out) < n; p += backend.PageSize {
+			if e := t.pages[p]; e != nil && e.State == Resident && !taken[p] && !t.pinned(p) {
+				take(p)
+			}
 		}
 	}
 	if t.head > 4096 && t.head*2 > len(t.fifo) {
@@ -217,6 +293,8 @@ func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }
+
+func (t *PageTable) pinned(p uint64) bool { return p >= t.pinLo && p < t.pinHi }
 
 // Requeue puts pages that were chosen but not evicted back at the tail.
 func (t *PageTable) Requeue(page uint64) {
@@ -231,12 +309,21 @@ func (t *PageTable) Requeue(page uint64) {
 // were, so a clean parent page is a clean child page.
 func (t *PageTable) CloneFor() *PageTable {
 	c := New(t.resident, t.slots)
-	c.pinLo, c.pinHi = t.pinLo, t.pinHi
+	c.pinLo, c.pinHi, c.VictimBlock = t.pinLo, t.pinHi, t.VictimBlock
+	c.staging, c.stagingEnd = t.staging, t.stagingEnd
 	for p, e := range t.pages {
 		ce := &Entry{State: e.State, Dirty: e.Dirty, Slot: e.Slot}
 		switch e.State {
 		case Evicting:
 			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's
+		case Staged:
+			// Present in the child if the agent had not moved it yet at the fork, absent if it
+			// had. A clean page reads the same either way: its slot. A dirty one's content, when
+			// absent, is the child's copy of the staging page (see the package doc).
+			ce.State = Evicted
+			if e.Dirty || e.Slot == 0 {
+				ce.Slot, ce.Stage = 0, e.Stage
+			}
 		case Evicted:
 			// InFlight/Zapping belong to the parent's eviction; in the child the page may be
 			// present (fork copied it before the zap): a WP fault then tells us (see fetcher).
@@ -274,6 +361,15 @@ func (t *PageTable) Removed(start, end uint64) {
 		}
 	})
 }
+
+// SetStaging records the process's staging area, [start, end).
+func (t *PageTable) SetStaging(start, end uint64) { t.staging, t.stagingEnd = start, end }
+
+// Staging returns the staging area (0, 0: none).
+func (t *PageTable) Staging() (start, end uint64) { return t.staging, t.stagingEnd }
+
+// InStaging reports whether page is in the staging area.
+func (t *PageTable) InStaging(page uint64) bool { return page >= t.staging && page < t.stagingEnd }
 
 // Pin excludes [lo, hi) from eviction: the agent thread's stack, which must never fault while
 // the agent executes an eviction.

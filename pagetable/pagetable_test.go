@@ -132,3 +132,91 @@ func TestMoveDuringEviction(t *testing.T) {
 		t.Fatalf("victims after the move %x, want the moved resident page", v)
 	}
 }
+
+// A moving batch's life cycle: Staged pages count as resident until committed; one the agent
+// could not move goes back to Resident; the commit takes the page's new slot and releases its
+// old one, and expects no REMOVE for it.
+func TestStagedCommitAndUnstage(t *testing.T) {
+	tb, m, res := newTable(t)
+	old := store(t, m)
+	tb.Install(0x1000, true, old) // dirty, with a stale slot
+	tb.Install(0x2000, true, 0)
+	a, b := tb.Get(0x1000), tb.Get(0x2000)
+	tb.Stage(a, 0)
+	tb.Stage(b, 1)
+	if res.Load() != 2 || a.State != Staged || a.Stage != 1 || b.Stage != 2 {
+		t.Fatalf("staged: resident %d, %+v %+v; want 2, Staged at 1 and 2", res.Load(), a, b)
+	}
+	if v := tb.Victims(10, nil); len(v) != 0 {
+		t.Fatalf("staged pages chosen again as victims: %x", v)
+	}
+	tb.Unstage(b)
+	if b.State != Resident || b.Stage != 0 || res.Load() != 2 {
+		t.Fatalf("unstaged: %+v resident %d; want Resident, still counted", b, res.Load())
+	}
+	tb.CommitStaged(a, store(t, m))
+	if a.State != Evicted || a.InFlight || a.Zapping || a.Stage != 0 || !a.WasWritten || res.Load() != 1 {
+		t.Fatalf("committed: %+v resident %d; want Evicted, no drop expected, written, 1 resident", a, res.Load())
+	}
+	if m.Stored() != 1 {
+		t.Fatalf("stored %d, want 1: the stale slot must be released", m.Stored())
+	}
+	tb.Removed(0x1000, 0x2000) // the program's own discard, not ours: none of ours is to come
+	if tb.Get(0x1000) != nil || m.Stored() != 0 {
+		t.Fatal("a REMOVE after the commit must discard the page")
+	}
+}
+
+// A batch holds its victims' entries across the agent's move: a discard must be visible through
+// the pointer (the program's REMOVE wins), and an mremap must keep the entry Staged at its new
+// address, queued to be chosen again should the batch put it back.
+func TestStagedDiscardAndRemap(t *testing.T) {
+	tb, _, res := newTable(t)
+	tb.Install(0x1000, true, 0)
+	tb.Install(0x2000, true, 0)
+	a, b := tb.Get(0x1000), tb.Get(0x2000)
+	tb.Stage(a, 0)
+	tb.Stage(b, 1)
+	tb.Removed(0x1000, 0x2000)
+	if a.State != 0 || tb.Get(0x1000) != nil || res.Load() != 1 {
+		t.Fatalf("discarded staged page: %+v resident %d; want State 0, no entry, 1 resident", a, res.Load())
+	}
+	tb.Move(0x2000, 0x100000, 0x1000)
+	if tb.Get(0x100000) != b || b.State != Staged {
+		t.Fatalf("remapped staged page: %+v, want the same entry, still Staged", tb.Get(0x100000))
+	}
+	tb.Unstage(b)
+	if v := tb.Victims(10, nil); len(v) != 1 || v[0] != 0x100000 {
+		t.Fatalf("victims %x, want the remapped page at its new address", v)
+	}
+}
+
+// A fork while pages are Staged: the child reads a clean one from its slot (shared), and a dirty
+// one, which has no current slot, from its own copy of the staging area.
+func TestCloneOfStagedPages(t *testing.T) {
+	tb, m, _ := newTable(t)
+	tb.SetStaging(0x900000, 0x900000+256*backend.PageSize)
+	s := store(t, m)
+	tb.Install(0x1000, false, s) // clean
+	tb.Install(0x2000, true, store(t, m))
+	tb.Stage(tb.Get(0x1000), 0)
+	tb.Stage(tb.Get(0x2000), 5)
+	c := tb.CloneFor()
+	if e := c.Get(0x1000); e == nil || e.State != Evicted || e.Slot != s || e.Stage != 0 {
+		t.Fatalf("child's clean staged page: %+v, want Evicted from slot %d", e, s)
+	}
+	if e := c.Get(0x2000); e == nil || e.State != Evicted || e.Slot != 0 || e.Stage != 6 {
+		t.Fatalf("child's dirty staged page: %+v, want Evicted, no slot, Stage 6", e)
+	}
+	if start, end := c.Staging(); start != 0x900000 || !c.InStaging(end-backend.PageSize) || c.InStaging(end) {
+		t.Fatalf("child's staging area [%#x, %#x), want the parent's", start, end)
+	}
+	tb.Clear()
+	if m.Stored() != 1 {
+		t.Fatalf("after the parent's exit stored %d, want 1 (the child's share of the clean slot)", m.Stored())
+	}
+	c.Clear()
+	if m.Stored() != 0 {
+		t.Fatalf("after both exited stored %d, want 0", m.Stored())
+	}
+}

@@ -231,6 +231,7 @@ func (w *spanWorker) evict(r *evictor.BatchRecord) {
 		attribute.Int("farmem.evict.clean_dropped", r.Dropped),
 		attribute.Int("farmem.evict.zero", r.Zero),
 		attribute.Int("farmem.evict.runs", r.Runs),
+		attribute.Int("farmem.evict.moved", r.Staged),
 	)}
 	if w.lastWaited.IsValid() {
 		// The last traced fault that had to wait: this batch is what made room for it.
@@ -242,7 +243,7 @@ func (w *spanWorker) evict(r *evictor.BatchRecord) {
 	for _, s := range []struct {
 		name string
 		end  time.Duration
-	}{{"write-protect", r.Protect}, {"copy out", r.Copy}, {"backend store", r.Store}, {"agent drop", r.Drop}, {"wake", r.End}} {
+	}{{"agent move", r.Move}, {"write-protect", r.Protect}, {"copy out", r.Copy}, {"backend store", r.Store}, {"agent drop", r.Drop}, {"wake", r.End}} {
 		if s.end > 0 {
 			w.stage(ctx, s.name, r.Start, prev, s.end)
 			prev = s.end

@@ -6,10 +6,12 @@
  *      thread hangs (and is killed) instead of reading zeros;
  *   2. asks the runtime to register each new anonymous private writable mapping it sees through
  *      the interposed mmap, and waits for the answer so no page of it is touched unregistered;
- *   3. runs an agent thread that executes the runtime's eviction requests: madvise(MADV_DONTNEED)
- *      of page runs the runtime has already write-protected and copied out (the runtime cannot
- *      drop another process's pages itself: process_madvise(DONTNEED) of another process is
- *      EINVAL; of the caller itself it is allowed, and is how the agent drops a batch at once);
+ *   3. runs an agent thread that executes the runtime's eviction requests: UFFDIO_MOVE of a
+ *      batch's victims into a staging area the runtime then reads and has dropped, and
+ *      madvise(MADV_DONTNEED) of page runs the runtime has already write-protected and copied out
+ *      (the runtime cannot take another process's pages itself: process_madvise(DONTNEED) of
+ *      another process is EINVAL, and so is UFFDIO_MOVE issued from another process; of the caller
+ *      itself both are allowed, and process_madvise is how the agent drops a batch at once);
  *   4. re-arms itself in a fork child: the inherited uffd points at the parent's mm, so it is
  *      closed and a fresh one sent in the child's HELLO. If the parent had ranges registered, the
  *      child's belong to the uffd the kernel handed the runtime in the FORK event instead, which
@@ -62,8 +64,14 @@ enum {
 	MSG_SYSCALL_DONE = 11, /* agent->rt: a=the raw result (-errno on failure) */
 	MSG_AGENT_READY = 12, /* rt->agent: the agent is attached (and, in an armed run, the mapping
 			       * filter installed): the thread that started it may go on */
-	PROTO_VERSION = 4,
+	MSG_MOVE = 13,        /* rt->agent: a=dst b=pages; n runs follow: move their pages, in order,
+			       * to consecutive pages from dst on (the staging area) */
+	MSG_MOVE_DONE = 14,   /* agent->rt: n=pages; a status byte a page follows (0 moved, else errno) */
+	MSG_STAGING = 15,     /* rt->agent: a=bytes; map the staging area (see make_staging) */
+	MSG_STAGING_OK = 16,  /* agent->rt: a=its address (0: none), b=errno */
+	PROTO_VERSION = 5,
 	MAX_RUNS = 128,
+	MAX_MOVE_PAGES = 256,
 };
 struct fm_msg {
 	uint32_t type, version;
@@ -270,6 +278,97 @@ static void drop_runs(struct fm_run *runs, int n, int *err)
 	}
 }
 
+/* open_uffd returns a new userfaultfd (before its UFFDIO_API), or -errno. */
+static int open_uffd(void)
+{
+	int dev = raw6(SYS_open, (long)"/dev/userfaultfd", O_RDWR | O_CLOEXEC, 0, 0, 0, 0);
+	int fd = dev >= 0 ? raw6(SYS_ioctl, dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0)
+			  : raw6(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0, 0, 0, 0);
+	if (dev >= 0) raw6(SYS_close, dev, 0, 0, 0, 0, 0);
+	return fd;
+}
+
+/* The staging area: where the agent moves a batch's victims (move_runs), for the runtime to read
+ * and have dropped. It is registered, because UFFDIO_MOVE moves only into a range registered with
+ * the uffd it is issued on (and with the same protection as the source: MISSING|WP, as the
+ * runtime registers the program's mappings). But on a uffd of its own, stage_ufd, with no
+ * features: so its drop raises no REMOVE event for the runtime to read (one round trip between
+ * the two processes saved per batch), and a fork child does not inherit its registration
+ * (stage_ufd has no EVENT_FORK). Nobody reads stage_ufd: nothing ever faults in the area. */
+static int stage_ufd = -1;
+static uint64_t make_staging(uint64_t bytes, uint64_t *err)
+{
+	long a = exempt6(SYS_mmap, 0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a < 0) { *err = -a; return 0; }
+	int fd = open_uffd();
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register r = { .range = { (uint64_t)a, bytes }, .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP };
+	long e = fd < 0 ? fd : raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0);
+	if (e >= 0) e = raw6(SYS_ioctl, fd, UFFDIO_REGISTER, (long)&r, 0, 0, 0);
+	if (e < 0) {
+		*err = -e;
+		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+		exempt6(SYS_munmap, a, bytes, 0, 0, 0, 0);
+		return 0;
+	}
+	stage_ufd = fd;
+	return (uint64_t)a;
+}
+
+/* UFFDIO_MOVE (Linux 6.8); our build headers may predate it. */
+struct fm_uffdio_move { uint64_t dst, src, len, mode; int64_t move; };
+#define FM_UFFDIO_MOVE 0xC028AA05UL /* _IOWR(UFFDIO, 0x05, struct uffdio_move) */
+#define FM_UFFDIO_MOVE_MODE_DONTWAKE 1ULL
+#define FM_PAGE 4096ULL
+
+/* move_runs moves the pages of one eviction batch's runs out of the program into the staging
+ * area, the batch's page k to dst + k pages, with UFFDIO_MOVE, and sets status[k] to 0, or to the
+ * errno that kept page k where it is:
+ *   EBUSY   still shared with a fork child (copy-on-write) or pinned: the kernel moves only a
+ *           page this process alone maps, until the program writes it;
+ *   ENOENT  absent: the program discarded it meanwhile;
+ *   EAGAIN  an event the runtime has not read yet (the program's madvise, munmap, fork) blocks
+ *           every move: tried again a little later, a bounded number of times;
+ *   EINVAL  the run crosses two mappings (a move stays within one): tried page by page; a page
+ *           that still fails is in a mapping the kernel will not move from (another protection,
+ *           mlock);
+ *   ENOTTY  a kernel before 6.8.
+ * A page costs ~1 us here (probes t3b_move), all in this process, where a drop costs a REMOVE
+ * round trip with the runtime per run. The runtime evicts the pages that did not move the drop
+ * way. */
+static void move_runs(const struct fm_run *runs, int n, uint64_t dst, uint8_t *status, int pages)
+{
+	int budget = 200; /* EAGAIN retries for the whole batch: at most ~4 ms */
+	int k = 0;        /* the batch index of run i's first page */
+	for (int i = 0; i < n && k < pages; i++) {
+		uint64_t len = runs[i].len, done = 0;
+		if ((uint64_t)(pages - k) * FM_PAGE < len) len = (uint64_t)(pages - k) * FM_PAGE;
+		int single = 0;
+		while (done < len) {
+			uint64_t want = single ? FM_PAGE : len - done;
+			struct fm_uffdio_move mv = { .dst = dst + (uint64_t)k * FM_PAGE + done, .src = runs[i].addr + done,
+						     .len = want, .mode = FM_UFFDIO_MOVE_MODE_DONTWAKE };
+			long r = raw6(SYS_ioctl, stage_ufd, FM_UFFDIO_MOVE, (long)&mv, 0, 0, 0);
+			uint64_t moved = r == 0 ? want : mv.move > 0 ? (uint64_t)mv.move : 0;
+			for (uint64_t b = 0; b < moved; b += FM_PAGE) status[k + (done + b) / FM_PAGE] = 0;
+			done += moved;
+			if (r == 0 || moved > 0) continue; /* on to the rest, or to the page that stopped it */
+			if (r == -EAGAIN && budget-- > 0) {
+				struct timespec ts = { 0, 20000 };
+				raw6(SYS_nanosleep, (long)&ts, 0, 0, 0, 0, 0);
+				continue;
+			}
+			if (r == -EINVAL && !single && want > FM_PAGE) {
+				single = 1;
+				continue;
+			}
+			status[k + done / FM_PAGE] = -r > 255 ? 255 : (uint8_t)-r;
+			done += FM_PAGE;
+		}
+		k += runs[i].len / FM_PAGE;
+	}
+}
+
 static sem_t agent_ready; /* posted on MSG_AGENT_READY; start_agent waits for it */
 static void *agent_main(void *arg)
 {
@@ -277,7 +376,11 @@ static void *agent_main(void *arg)
 	sigset_t all;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL); /* the program's signal handlers must not run here */
-	static __thread char buf[sizeof(struct fm_msg) + MAX_RUNS * sizeof(struct fm_run)];
+	/* Everything the agent touches while it moves pages is on its stack, which the runtime never
+	 * evicts (AGENT_HELLO's b, c). Not in TLS: glibc keeps that above the stack, where pages can be
+	 * victims, and a page the agent moves out of its own reach would wait for the batch the agent
+	 * is executing. */
+	char buf[sizeof(struct fm_msg) + MAX_RUNS * sizeof(struct fm_run)] __attribute__((aligned(8)));
 	/* The runtime exempts this thread's own faults from cap throttling: eviction needs it. */
 	struct fm_msg h = { .type = MSG_AGENT_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
 			    .a = raw6(SYS_gettid, 0, 0, 0, 0, 0, 0) };
@@ -301,6 +404,13 @@ static void *agent_main(void *arg)
 			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 			continue;
 		}
+		if (m->type == MSG_STAGING) {
+			struct fm_msg done = { .type = MSG_STAGING_OK, .version = PROTO_VERSION };
+			if (stage_ufd < 0) done.a = make_staging(m->a, &done.b);
+			else done.b = EEXIST;
+			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+			continue;
+		}
 		if (m->type == MSG_AGENT_READY) {
 			sem_post(&agent_ready);
 			continue;
@@ -312,10 +422,23 @@ static void *agent_main(void *arg)
 			if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
 			continue;
 		}
-		if (m->type != MSG_EVICT) continue;
 		struct fm_run *runs = (struct fm_run *)(buf + sizeof *m);
+		int nruns = m->n < MAX_RUNS ? m->n : MAX_RUNS;
+		if ((long)(sizeof *m + nruns * sizeof *runs) > n) nruns = (n - sizeof *m) / sizeof *runs;
+		if (m->type == MSG_MOVE) {
+			char out[sizeof(struct fm_msg) + MAX_MOVE_PAGES] __attribute__((aligned(8)));
+			int pages = m->b < MAX_MOVE_PAGES ? (int)m->b : MAX_MOVE_PAGES;
+			struct fm_msg *d = (struct fm_msg *)out;
+			*d = (struct fm_msg){ .type = MSG_MOVE_DONE, .version = PROTO_VERSION, .n = pages };
+			uint8_t *st = (uint8_t *)(out + sizeof *d);
+			for (int k = 0; k < pages; k++) st[k] = ECANCELED; /* past the runs: never asked */
+			move_runs(runs, nruns, m->a, st, pages);
+			if (send_msg(agent_sock, out, sizeof *d + pages, -1) < 0) die_runtime_lost();
+			continue;
+		}
+		if (m->type != MSG_EVICT) continue;
 		int err = 0;
-		drop_runs(runs, m->n < MAX_RUNS ? m->n : MAX_RUNS, &err);
+		drop_runs(runs, nruns, &err);
 		struct fm_msg done = { .type = MSG_EVICT_DONE, .version = PROTO_VERSION, .n = m->n, .a = err };
 		if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 	}
@@ -394,10 +517,7 @@ static int hello(int fork_child, uint64_t features)
 /* new_uffd creates this process's userfaultfd with the features the runtime relies on. */
 static int new_uffd(uint64_t *features)
 {
-	int dev = raw6(SYS_open, (long)"/dev/userfaultfd", O_RDWR | O_CLOEXEC, 0, 0, 0, 0);
-	int fd = dev >= 0 ? raw6(SYS_ioctl, dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0)
-			  : raw6(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0, 0, 0, 0);
-	if (dev >= 0) raw6(SYS_close, dev, 0, 0, 0, 0, 0);
+	int fd = open_uffd();
 	if (fd < 0) { say("cannot create a userfaultfd (need root or access to /dev/userfaultfd)"); return -1; }
 	struct uffdio_api api = { .api = UFFD_API,
 		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
@@ -437,6 +557,10 @@ static void atfork_child(void)
 	lifeline = -1;
 	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0); /* the parent's: see drop_pidfd */
 	drop_pidfd = -1;
+	/* The parent's staging area was copied, unregistered: the runtime may read pages the parent
+	 * had staged from it (its page table's Stage), so it stays; this process moves nothing. */
+	if (stage_ufd >= 0) raw6(SYS_close, stage_ufd, 0, 0, 0, 0, 0);
+	stage_ufd = -1;
 	pthread_mutex_init(&ctl_lock, NULL);
 	uint64_t features;
 	ctl = connect_rt();
