@@ -104,7 +104,7 @@ type PageTable struct {
 // New returns an empty table that counts its resident pages into resident and frees slots
 // through slots.
 func New(resident *atomic.Int64, slots *Slots) *PageTable {
-	return &PageTable{pages: make(map[uint64]*Entry), resident: resident, slots: slots}
+	return &PageTable{pages: make(map[uint64]*Entry), resident: resident, slots: slots, VictimBlock: DefaultVictimBlock}
 }
 
 func (t *PageTable) Lock()   { t.mu.Lock() }
@@ -293,6 +293,12 @@ func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }
+
+// DefaultVictimBlock is VictimBlock for a new table: 8 pages (32 KiB). Measured side by side
+// (results/eviction.md): micro's random walk at a quarter of its footprint evicts 57 runs a
+// batch of 150 pages instead of 95, and redis's zipfian phase at half of its peak faulted 10 %
+// less (allocations made together are used together).
+const DefaultVictimBlock = 8
 
 func (t *PageTable) pinned(p uint64) bool { return p >= t.pinLo && p < t.pinHi }
 

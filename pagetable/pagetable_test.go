@@ -1,6 +1,7 @@
 package pagetable
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 
@@ -76,6 +77,7 @@ func TestCloneSharesSlots(t *testing.T) {
 
 func TestVictimsFIFOAndPinned(t *testing.T) {
 	tb, _, _ := newTable(t)
+	tb.VictimBlock = 1
 	for _, p := range []uint64{0x5000, 0x1000, 0x3000, 0x2000} {
 		tb.Install(p, true, 0)
 	}
@@ -218,5 +220,28 @@ func TestCloneOfStagedPages(t *testing.T) {
 	c.Clear()
 	if m.Stored() != 0 {
 		t.Fatalf("after both exited stored %d, want 0", m.Stored())
+	}
+}
+
+// Each victim brings the other resident, unpinned pages of its aligned block, never twice, and
+// the count stays within n; the next call goes on in FIFO order with what is left.
+func TestVictimsByBlock(t *testing.T) {
+	tb, _, _ := newTable(t)
+	tb.VictimBlock = 4 // blocks of 0x4000 bytes
+	for _, p := range []uint64{0x9000, 0x1000, 0x5000, 0x2000, 0x3000, 0x4000, 0x6000, 0x7000, 0xa000} {
+		tb.Install(p, true, 0)
+	}
+	tb.Pin(0x6000, 0x7000)
+	tb.MarkEvicted(tb.Get(0xa000), 0) // not resident: never a victim
+	got := tb.Victims(3, nil)
+	if fmt.Sprint(got) != fmt.Sprint([]uint64{0x1000, 0x2000, 0x9000}) {
+		t.Fatalf("victims %x, want [1000 2000 9000]: the oldest alone (its mate a000 is evicted), then the next with one mate, up to 3", got)
+	}
+	for _, p := range got {
+		tb.MarkEvicted(tb.Get(p), 0)
+	}
+	got = tb.Victims(10, nil)
+	if fmt.Sprint(got) != fmt.Sprint([]uint64{0x3000, 0x4000, 0x5000, 0x7000}) {
+		t.Fatalf("victims %x, want [3000 4000 5000 7000]: 5000 with its unpinned mates, then 3000; no page twice", got)
 	}
 }
