@@ -53,7 +53,8 @@ type Target interface {
 	// Drop asks the process's agent to madvise(DONTNEED) runs and waits for it.
 	Drop(runs []Run) error
 	// Staging returns the process's staging area, BatchPages pages made on first use, or 0 if
-	// its pages cannot be moved (a fork child; a kernel without UFFDIO_MOVE).
+	// its pages cannot be moved (a fork child; a kernel without UFFDIO_MOVE). Its drop raises
+	// no REMOVE event: it is registered on a uffd of the agent's own, with no features.
 	Staging() uint64
 	// Move asks the process's agent to UFFDIO_MOVE runs, page after page, into the staging
 	// area from dst on, and waits for it. status[k] is 0 if the k-th page moved, else the
@@ -103,7 +104,7 @@ type Stats struct {
 	Batches, Written, Dropped, Zero atomic.Int64
 	Runs                            atomic.Int64      // contiguous runs of victims
 	Staged                          atomic.Int64      // victims evicted by moving them out
-	Removes                         atomic.Int64      // REMOVE events our drops raised: one a run dropped
+	Removes                         atomic.Int64      // REMOVE events our drops raised: one a run dropped from the program
 	Aborted                         atomic.Int64      // batches given up: the program unmapped or moved victims
 	Batch                           latency.Histogram // one batch, victim choice to wake
 	// StageTime is the time all batches spent in each stage (Stage*), in nanoseconds: where a
@@ -524,7 +525,11 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	}
 	e.Stats.Runs.Add(int64(len(victimRuns)))
 	e.Stats.Staged.Add(int64(len(staged)))
-	e.Stats.Removes.Add(int64(len(dropRuns)))
+	removes := len(dropRuns)
+	if len(staged) > 0 {
+		removes-- // the staging area's drop raises none (see Target.Staging)
+	}
+	e.Stats.Removes.Add(int64(removes))
 	d := time.Since(start)
 	e.Stats.Batch.Record(d)
 	prev := time.Duration(0)
