@@ -293,6 +293,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	// (victim i to staging page i). From there nothing can change it, so no write-protect is
 	// needed, and the batch's drop is one range, the staging area's, not one per run.
 	var staged []int // victims in the staging area, in victim order
+	moved := 0       // staging pages the move filled, discarded victims' included: what to drop
 	rest := e.victims
 	if base != 0 {
 		status := e.status[:len(e.victims)]
@@ -305,6 +306,9 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		rest = e.rest[:0]
 		tb.Lock()
 		for i, en := range e.ents {
+			if status[i] == 0 {
+				moved = i + 1
+			}
 			switch {
 			case en.State != pagetable.Staged:
 				// Discarded by the program meanwhile (State 0): whatever moved is junk now.
@@ -484,11 +488,12 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	tb.Unlock()
 	slices.Sort(drop)
 	dropRuns := runs(drop, nil)
-	if len(staged) > 0 {
-		// The whole used part of the staging area: one run, one REMOVE event, whatever the
-		// victims' spread. It holds nothing of the program's any more.
-		last := staged[len(staged)-1]
-		dropRuns = append(dropRuns, Run{base, uint64(last+1) * uffd.PageSize})
+	if moved > 0 {
+		// The whole used part of the staging area, in one run whatever the victims' spread
+		// (and with no REMOVE event: see Target.Staging). It holds nothing of the program's any
+		// more: committed pages, and those the program discarded after they moved. Left
+		// there, a page would refuse the next batch's move to its index (EEXIST).
+		dropRuns = append(dropRuns, Run{base, uint64(moved) * uffd.PageSize})
 	}
 	if len(dropRuns) > 0 {
 		if err := t.Drop(dropRuns); err != nil {
@@ -526,7 +531,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	e.Stats.Runs.Add(int64(len(victimRuns)))
 	e.Stats.Staged.Add(int64(len(staged)))
 	removes := len(dropRuns)
-	if len(staged) > 0 {
+	if moved > 0 {
 		removes-- // the staging area's drop raises none (see Target.Staging)
 	}
 	e.Stats.Removes.Add(int64(removes))
