@@ -158,6 +158,26 @@ type agentConn struct {
 	c  *conn
 }
 
+// askRuns sends the agent m with runs after its header and returns the answer (its body, if any,
+// is a.c.buf[msgSize:a.c.n]); a.mu must be held.
+func (a *agentConn) askRuns(m msg, runs []evictor.Run) (msg, error) {
+	b := make([]byte, msgSize+16*len(runs))
+	m.Version = protoVersion
+	m.encode(b)
+	for i, r := range runs {
+		binary.LittleEndian.PutUint64(b[msgSize+16*i:], r.Addr)
+		binary.LittleEndian.PutUint64(b[msgSize+16*i+8:], r.Len)
+	}
+	if _, err := a.c.c.Write(b); err != nil {
+		return msg{}, evictor.ErrGone
+	}
+	ans, _, err := a.c.recv()
+	if err != nil {
+		return msg{}, evictor.ErrGone
+	}
+	return ans, nil
+}
+
 // Drop implements fetcher.Agent.
 func (a *agentConn) Drop(runs []evictor.Run) error {
 	a.mu.Lock()
@@ -165,18 +185,9 @@ func (a *agentConn) Drop(runs []evictor.Run) error {
 	var first error
 	for len(runs) > 0 {
 		k := min(len(runs), maxRuns)
-		b := make([]byte, msgSize+16*k)
-		(&msg{Type: msgEvict, Version: protoVersion, N: int32(k)}).encode(b)
-		for i, r := range runs[:k] {
-			binary.LittleEndian.PutUint64(b[msgSize+16*i:], r.Addr)
-			binary.LittleEndian.PutUint64(b[msgSize+16*i+8:], r.Len)
-		}
-		if _, err := a.c.c.Write(b); err != nil {
-			return evictor.ErrGone
-		}
-		m, _, err := a.c.recv()
+		m, err := a.askRuns(msg{Type: msgEvict, N: int32(k)}, runs[:k])
 		if err != nil {
-			return evictor.ErrGone
+			return err
 		}
 		if m.Type != msgEvictDone {
 			return fmt.Errorf("agent answered message type %d", m.Type)
@@ -207,18 +218,9 @@ func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
 		if done+pages > len(status) {
 			return fmt.Errorf("%d pages to move, status for %d", done+pages, len(status))
 		}
-		b := make([]byte, msgSize+16*k)
-		(&msg{Type: msgMove, Version: protoVersion, N: int32(k), A: dst + uint64(done)*pageSize, B: uint64(pages)}).encode(b)
-		for i, r := range runs[:k] {
-			binary.LittleEndian.PutUint64(b[msgSize+16*i:], r.Addr)
-			binary.LittleEndian.PutUint64(b[msgSize+16*i+8:], r.Len)
-		}
-		if _, err := a.c.c.Write(b); err != nil {
-			return evictor.ErrGone
-		}
-		m, _, err := a.c.recv()
+		m, err := a.askRuns(msg{Type: msgMove, N: int32(k), A: dst + uint64(done)*pageSize, B: uint64(pages)}, runs[:k])
 		if err != nil {
-			return evictor.ErrGone
+			return err
 		}
 		body := a.c.buf[msgSize:a.c.n]
 		if m.Type != msgMoveDone || int(m.N) != pages || len(body) < pages {
