@@ -379,6 +379,9 @@ func (p *Process) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome
 	}
 	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
 	p.clock.installed(IoctlCopy)
+	if n == ps {
+		p.rt.Stats.FromStaging.Add(1)
+	}
 	return p.installed(pg, n, err, true, 0, FromBackend)
 }
 

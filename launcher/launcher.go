@@ -216,8 +216,12 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	default:
 		armed = fmt.Sprintf("armed at %d MiB", s.ArmedAtPages.Load()*fetcher.PageSize>>20)
 	}
-	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB, %s; faults: zero-fill %d (%d pages), backend %d; evicted: written %d, clean dropped %d, zero %d; removes %d\n",
-		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
+	staged := ""
+	if n := s.FromStaging.Load(); n > 0 {
+		staged = fmt.Sprintf(" (%d read by fork children from the staging area of a batch in flight when they forked)", n)
+	}
+	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB, %s; faults: zero-fill %d (%d pages), backend %d%s; evicted: written %d, clean dropped %d, zero %d; removes %d\n",
+		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), staged, e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
 	if rt.NewPredictor != nil {
 		used, installed, misses := s.PrefetchUsed.Load(), s.PrefetchInstalled.Load(), s.BackendFaults.Load()
 		mode, placed, evicted := "map", "installed", ""
