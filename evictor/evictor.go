@@ -13,11 +13,13 @@
 // runtime cannot take pages itself (DESIGN.md section 3). It pays a write-protect (a TLB
 // flush) and a REMOVE event, which the agent must wait for the fault thread to read, per
 // contiguous run: a round trip between two processes, ~22 us here (results/eviction.md). A
-// random victim set is nearly a run per page. The move costs ~1 us a page inside the agent,
-// needs no protection (a moved page is out of the program's reach: a fault on it waits for
-// the commit), and the whole batch raises one REMOVE, the staging area's. The kernel refuses
-// to move a page still shared with a fork child (EBUSY: redis's cold pages after a BGSAVE,
-// until written) and moves nothing in a fork child of ours; those go the drop way.
+// random victim set is nearly a run per page. The move stays inside the program's process
+// (4-7 us a page here, probes/movecost.c: it still flushes each page from the TLB), needs no
+// protection (a moved page is out of the program's reach: a fault on it waits for the
+// commit), and the batch raises no REMOVE at all: the staging area is registered on a uffd of
+// the agent's own. The kernel refuses to move a page still shared with a fork child (EBUSY:
+// redis's cold pages after a BGSAVE, until written), and a fork child that inherited its
+// parent's staging area moves nothing; those go the drop way.
 //
 // Clean victims (installed write-protected from a slot and never written) are not copied:
 // their slot is still current. The fault thread, not the evictor, consumes the REMOVE events
@@ -292,8 +294,9 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	// Move out: the agent takes every victim it can out of the program into the staging area
 	// (victim i to staging page i). From there nothing can change it, so no write-protect is
 	// needed, and the batch's drop is one range, the staging area's, not one per run.
-	var staged []int // victims in the staging area, in victim order
-	moved := 0       // staging pages the move filled, discarded victims' included: what to drop
+	var staged []int      // victims in the staging area, in victim order
+	var stagedDirty []int // indices into staged of those to copy out: dirty, or no slot yet
+	moved := 0            // staging pages the move filled, discarded victims' included: what to drop
 	rest := e.victims
 	if base != 0 {
 		status := e.status[:len(e.victims)]
@@ -313,6 +316,9 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			case en.State != pagetable.Staged:
 				// Discarded by the program meanwhile (State 0): whatever moved is junk now.
 			case status[i] == 0:
+				if en.Dirty || en.Slot == 0 { // else clean: its slot is current
+					stagedDirty = append(stagedDirty, len(staged))
+				}
 				staged = append(staged, i)
 			default:
 				tb.Unstage(en) // still in the program: evicted below the other way, or requeued
@@ -360,15 +366,9 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	// victims still in the program. Both are present and cannot change (a staging page is
 	// nobody's; a victim is write-protected), so reading them cannot fault and no write can
 	// slip in between the copy and the drop.
-	var stagedDirty []int // indices into staged
 	remote := e.remote[:0]
-	for k, i := range staged {
-		en := e.ents[i]
-		if !en.Dirty && en.Slot != 0 {
-			continue // clean: its slot is current
-		}
-		stagedDirty = append(stagedDirty, k)
-		a := base + uint64(i)*uffd.PageSize
+	for _, k := range stagedDirty {
+		a := base + uint64(staged[k])*uffd.PageSize
 		if j := len(remote) - 1; j >= 0 && uint64(remote[j].Base)+uint64(remote[j].Len) == a {
 			remote[j].Len += uffd.PageSize
 		} else {
