@@ -1,0 +1,27 @@
+#!/bin/bash
+# nopaging.sh CAP...: issue 6's no-paging target on redis, with a zipfian phase 10x longer than
+# the harness's (460k operations, ~2.6 s natively, where the harness's ~0.3 s phase is mostly
+# noise). Each round runs redis natively, then under `bin/farmem run --local-mem CAP` for each
+# CAP, and prints the zipfian phase's ops/s and whether farmem armed. ROUNDS (3), GET_RATIO
+# (0.95: ETC; 0.75: SYS). Run from the repository root after `make build`, on an idle machine:
+#   workloads/bench/nopaging.sh 93MiB 1GiB     # 150 % of redis's 62 MiB peak, and far above
+set -euo pipefail
+[ $# -gt 0 ] || { echo "usage: $0 CAP..." >&2; exit 2; }
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+one() { # PREFIX...: the zipfian phase's ops/s
+	local port=$((20000 + RANDOM % 20000))
+	"$@" redis-server --port $port --bind 127.0.0.1 --save "" --appendonly no >"$log" 2>&1 &
+	local srv=$!
+	bin/redisdrive --addr 127.0.0.1:$port --keys 46000 --ops 460000 --get-ratio "${GET_RATIO:-0.95}" --wait 30s |
+		sed -n 's/^redisdrive: run .*ops_per_sec=\([0-9]*\).*/\1/p'
+	kill -TERM $srv
+	wait $srv || true
+}
+for r in $(seq "${ROUNDS:-3}"); do
+	line="round $r native $(one env)"
+	for cap in "$@"; do
+		line="$line | farmem $cap $(one bin/farmem run --local-mem "$cap" --) ($(grep -o 'not armed\|armed[^;]*' "$log" | head -1))"
+	done
+	echo "$line"
+done
