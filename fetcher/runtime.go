@@ -39,11 +39,11 @@ type Stats struct {
 	ZeroFills, ZeroPages, BackendFaults atomic.Int64
 	// Latency is each source's fault-service time: from reading the fault message to the
 	// install (or wake) ioctl's return, including any wait at the cap or behind an event.
-	Latency      [NumSources]latency.Histogram
-	Removes      atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
+	Latency [NumSources]latency.Histogram
+	Removes atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
 	// FromStaging is the pages fork children read from their copy of the parent's staging
 	// area: the parent had moved them out, and not yet stored them, when it forked.
-	FromStaging atomic.Int64
+	FromStaging  atomic.Int64
 	ArmedAtPages atomic.Int64 // the anonymous RSS at which the run armed (0: armed from the start, or never)
 	// Prefetching: pages queued for the workers, installed by them, and used by the program
 	// (map mode: inferred from where the next miss landed; cache mode: faults that hit).
