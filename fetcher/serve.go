@@ -354,8 +354,9 @@ func (p *Process) wpFault(pg uint64) outcome {
 // fromStaging serves a fork child's page that its parent had moved out, and not yet stored,
 // when it forked (pagetable's Stage): its content is the child's copy of the staging page.
 // That copy is present whenever the page is absent (the parent drops its staging area only
-// after committing every staged page); it is checked all the same, because reading an absent
-// registered page from this thread would wait on this thread forever.
+// after committing every staged page); it is checked all the same, because the child's copy of
+// the area is not registered (its uffd has no EVENT_FORK): an absent page there would read as
+// zeros, and a program must never be served zeros for a page we cannot fetch.
 func (p *Process) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome {
 	start, _ := p.table.Staging()
 	src := start + uint64(e.Stage-1)*ps
