@@ -58,10 +58,13 @@ const growthBound = 16 << 30 // bytes per second
 // cap costs the runtime a few reads a second, not hundreds. The arming margin (armMargin) is
 // what absorbs a program that outruns the bound.
 func pollInterval(armed bool, total, armPages int64) time.Duration {
-	const fastest, slowest = 2 * time.Millisecond, 50 * time.Millisecond
 	if armed {
-		return fastest
+		return fastestPoll
 	}
 	d := time.Duration(float64(armPages-total) * PageSize / growthBound * float64(time.Second))
-	return min(max(d, fastest), slowest)
+	return min(max(d, fastestPoll), slowestPoll)
 }
+
+// The bounds of pollInterval. A program far below the cap, or one watched by its memory
+// cgroup (armWatch), is polled at the slowest, which only keeps PeakAnonPages current.
+const fastestPoll, slowestPoll = 2 * time.Millisecond, 50 * time.Millisecond

@@ -94,7 +94,11 @@ type Runtime struct {
 	// poll saw (every 2 ms once armed): the cap as the kernel measures it.
 	PeakAnonPages atomic.Int64
 
-	armed  atomic.Bool // set once, never cleared
+	armed atomic.Bool // set once, never cleared
+	// watch, once set (ContainChildren), tells the rescan loop when the programs' memory crosses the
+	// arming threshold, so that before arming it polls a few times a second instead of
+	// hundreds. nil: it polls (pollInterval). Closed by the rescan loop as it ends.
+	watch  atomic.Pointer[armWatch]
 	arming atomic.Bool // the first rescan after arming is adopting pages: program faults wait
 
 	mu    sync.Mutex
@@ -134,6 +138,45 @@ func NewRuntime(capPages int64, b backend.Backend) *Runtime {
 	go func() { defer rt.finished.Done(); rt.rescanLoop() }()
 	return rt
 }
+
+// ContainChildren moves the calling thread, which must be locked to its OS thread, into a
+// memory cgroup of the run's own whose usage threshold says when to arm (armWatch), until
+// started is called: the programs the thread starts meanwhile are born in it. Without one (no
+// cgroup v1 memory controller, no right to make a cgroup) the run polls for the threshold: the
+// error says why, started is still to be called, and nothing else changes.
+func (rt *Runtime) ContainChildren() (started func(), err error) {
+	if rt.armed.Load() {
+		return func() {}, nil // armed from the start: nothing to watch for
+	}
+	w, err := newArmWatch(rt.ArmPages * PageSize)
+	if err != nil {
+		return func() {}, fmt.Errorf("watching for the arming threshold: %w", err)
+	}
+	tid := unix.Gettid()
+	started = func() {
+		if err := w.leave(tid); err != nil {
+			w.close() // not watched: the rmdir fails while farmem's thread is in it, and the next run sweeps it
+			return
+		}
+		rt.watch.Store(w)
+		select {
+		case <-rt.stop: // the rescan loop may have ended already
+			rt.closeWatch(w)
+		default:
+		}
+	}
+	return started, nil
+}
+
+// closeWatch closes w unless the rescan loop has (it closes the one it finds as it ends).
+func (rt *Runtime) closeWatch(w *armWatch) {
+	if rt.watch.CompareAndSwap(w, nil) {
+		w.close()
+	}
+}
+
+// ArmWatched reports whether a memory cgroup's threshold, not polling, says when to arm.
+func (rt *Runtime) ArmWatched() bool { return rt.watch.Load() != nil }
 
 func (rt *Runtime) targets() []evictor.Target {
 	rt.mu.Lock()
@@ -420,7 +463,8 @@ func (rt *Runtime) Close() {
 // anonymous mappings the shim could not see (glibc malloc's internal brk and mmap) and
 // registers them, adopting their present pages. Nothing faults in memory we have not
 // registered, so the only sign of it is the kernel's count: it reads each process's anonymous
-// RSS (statm, one pread) every 2 ms once armed, less often before (pollInterval), and rescans a
+// RSS (statm, one pread) every 2 ms once armed, less often before (pollInterval, or every 50 ms
+// while the run's memory cgroup is below the threshold that says when to arm), and rescans a
 // process at once when its RSS drifts from the pages we track by more than unseenPages;
 // otherwise every 100 ms.
 func (rt *Runtime) rescanLoop() {
@@ -435,12 +479,20 @@ func (rt *Runtime) rescanLoop() {
 		for _, s := range statms {
 			s.close()
 		}
+		if w := rt.watch.Swap(nil); w != nil {
+			w.close()
+		}
 	}()
 	for {
+		var crossed chan struct{}
+		if w := rt.watch.Load(); w != nil && !rt.armed.Load() {
+			crossed = w.crossed
+		}
 		select {
 		case <-rt.stop:
 			return
 		case <-t.C:
+		case <-crossed:
 		}
 		now := time.Now()
 		procs := rt.targets()
@@ -473,14 +525,16 @@ func (rt *Runtime) rescanLoop() {
 		if total > rt.PeakAnonPages.Load() {
 			rt.PeakAnonPages.Store(total)
 		}
-		t.Reset(pollInterval(rt.armed.Load() || total >= rt.ArmPages, total, rt.ArmPages))
 		if !rt.armed.Load() {
 			if total < rt.ArmPages {
+				t.Reset(rt.unarmedInterval(total))
 				continue
 			}
 			rt.arm(total, anon)
+			t.Reset(fastestPoll)
 			continue
 		}
+		t.Reset(fastestPoll)
 		var unmanaged, unseen int64
 		for p, a := range anon {
 			p.table.Lock()
@@ -500,6 +554,16 @@ func (rt *Runtime) rescanLoop() {
 			rt.kickEvictor()
 		}
 	}
+}
+
+// unarmedInterval is how long the rescan loop may sleep before arming, the programs holding
+// total pages: until its watch says the threshold is crossed, if it has one and the programs'
+// cgroup is below it (the slowest poll still samples PeakAnonPages), else pollInterval.
+func (rt *Runtime) unarmedInterval(total int64) time.Duration {
+	if w := rt.watch.Load(); w != nil && w.below() {
+		return slowestPoll
+	}
+	return pollInterval(false, total, rt.ArmPages)
 }
 
 // arm registers every process's mappings. Until the pages already present are adopted,

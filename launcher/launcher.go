@@ -125,7 +125,12 @@ func Run(o Options) (int, error) {
 	waited := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
+		// Born in a memory cgroup whose threshold says when to arm, the program costs the
+		// runtime no polling until then; where there is none, the runtime polls instead.
+		contained, _ := rt.ContainChildren()
+		err := cmd.Start()
+		contained()
+		if err != nil {
 			started <- err
 			return
 		}
@@ -208,13 +213,18 @@ func exitStatus(cmd *exec.Cmd, err error) int {
 func printSummary(rt *fetcher.Runtime, o Options) {
 	s := &rt.Stats
 	e := &rt.Evictor.Stats
-	armed := "not armed (stayed below the cap)"
+	// How the run looked out for the arming threshold: the kernel's word, or its own reads.
+	watch := "polled for it"
+	if rt.ArmWatched() {
+		watch = "a memory cgroup threshold watched for it"
+	}
+	armed := "not armed (stayed below the cap; " + watch + ")"
 	switch {
 	case !rt.Armed():
 	case s.ArmedAtPages.Load() == 0:
 		armed = "armed from the start"
 	default:
-		armed = fmt.Sprintf("armed at %d MiB", s.ArmedAtPages.Load()*fetcher.PageSize>>20)
+		armed = fmt.Sprintf("armed at %d MiB (%s)", s.ArmedAtPages.Load()*fetcher.PageSize>>20, watch)
 	}
 	staged := ""
 	if n := s.FromStaging.Load(); n > 0 {
@@ -241,7 +251,7 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 		fmt.Fprintf(os.Stderr, "farmem: backend peak: %d pages in %d KiB (%.2fx)\n", n, e.PeakStoredBytes.Load()>>10,
 			float64(n*fetcher.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))
 	}
-	fmt.Fprintf(os.Stderr, "farmem: moved: in %s (faults and prefetches from the backend), out %s (evictions written); peak anonymous RSS %d MiB of the %d MiB cap\n",
+	fmt.Fprintf(os.Stderr, "farmem: moved: in %s (faults and prefetches from the backend), out %s (evictions written); peak anonymous RSS %d MiB of the %d MiB cap (summed over processes: a page shared with a fork child counts in each)\n",
 		byteSize(rt.BytesIn()), byteSize(rt.BytesOut()), rt.PeakAnonPages.Load()*fetcher.PageSize>>20, o.LocalMem>>20)
 	fmt.Fprintf(os.Stderr, "farmem: fault service")
 	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {

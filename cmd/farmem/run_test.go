@@ -226,6 +226,9 @@ func TestTortureArmsMidRun(t *testing.T) {
 	if !regexpMatch(`armed at [1-9][0-9]* MiB`, out) {
 		t.Fatalf("the run did not arm on its way past the cap")
 	}
+	if canWatchArming() && !strings.Contains(out, "a memory cgroup threshold watched for it") {
+		t.Fatalf("the run polled for its arming threshold where a memory cgroup could watch for it")
+	}
 	if !regexpMatch(`backend [1-9]`, out) {
 		t.Fatalf("no page came back from the backend: the cap did not force eviction")
 	}
@@ -245,6 +248,16 @@ func TestTortureBelowCapNeverArms(t *testing.T) {
 	if !strings.Contains(out, "not armed") {
 		t.Fatalf("a run far below its cap armed")
 	}
+	if canWatchArming() && !strings.Contains(out, "a memory cgroup threshold watched for it") {
+		t.Fatalf("the run polled for its arming threshold where a memory cgroup could watch for it")
+	}
+}
+
+// canWatchArming reports whether farmem can put the program in a memory cgroup of its own
+// (fetcher.armWatch): root, and a cgroup v1 memory controller.
+func canWatchArming() bool {
+	_, err := os.Stat("/sys/fs/cgroup/memory/cgroup.event_control")
+	return err == nil && os.Geteuid() == 0
 }
 
 func regexpMatch(pat, s string) bool {
