@@ -3,8 +3,10 @@
 # the harness's (460k operations, ~2.6 s natively, where the harness's ~0.3 s phase is mostly
 # noise). Each round runs redis natively, then under `bin/farmem run --local-mem CAP` for each
 # CAP, and prints the zipfian phase's ops/s and whether farmem armed. ROUNDS (3), GET_RATIO
-# (0.95: ETC; 0.75: SYS). Run from the repository root after `make build`, on an idle machine:
+# (0.95: ETC; 0.75: SYS). FARMEMS: the farmem binaries to compare, each run at each CAP in every
+# round (bin/farmem). Run from the repository root after `make build`, on an idle machine:
 #   workloads/bench/nopaging.sh 93MiB 1GiB     # 150 % of redis's 62 MiB peak, and far above
+#   FARMEMS="/tmp/farmem-before bin/farmem" workloads/bench/nopaging.sh 93MiB
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 CAP..." >&2; exit 2; }
 log=$(mktemp)
@@ -21,7 +23,9 @@ one() { # PREFIX...: the zipfian phase's ops/s
 for r in $(seq "${ROUNDS:-3}"); do
 	line="round $r native $(one env)"
 	for cap in "$@"; do
-		line="$line | farmem $cap $(one bin/farmem run --local-mem "$cap" --) ($(grep -o 'not armed\|armed[^;]*' "$log" | head -1))"
+		for bin in ${FARMEMS:-bin/farmem}; do
+			line="$line | $bin $cap $(one "$bin" run --local-mem "$cap" --) ($(grep -o 'not armed\|armed[^;]*' "$log" | head -1))"
+		done
 	done
 	echo "$line"
 done
