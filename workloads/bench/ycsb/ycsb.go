@@ -1,6 +1,8 @@
-// Package ycsb holds what the benchmark's key-value drivers (redisdrive, memcachedrive) share:
-// YCSB's zipfian key generator and the self-describing values they write and check, so that
-// both servers see the same key stream and the same bytes for the same seed.
+// Package ycsb is the benchmark's key-value driver (redisdrive, memcachedrive): YCSB's zipfian
+// key generator, the self-describing values it writes and checks, and the driver itself
+// (driver.go: flags, the populate/run/verify phases, pipelining, the check of every value
+// read), so that both servers see the same key stream and the same bytes for the same seed,
+// and differ only in their wire Protocol.
 package ycsb
 
 import (
