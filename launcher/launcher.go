@@ -232,6 +232,9 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	}
 	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB, %s; faults: zero-fill %d (%d pages), backend %d%s; evicted: written %d, clean dropped %d, zero %d; removes %d\n",
 		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), staged, e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
+	if n := e.Absent.Load(); n > 0 {
+		fmt.Fprintf(os.Stderr, "farmem: %d eviction victims were absent from the program though recorded resident: left alone\n", n)
+	}
 	if rt.NewPredictor != nil {
 		used, installed, misses := s.PrefetchUsed.Load(), s.PrefetchInstalled.Load(), s.BackendFaults.Load()
 		mode, placed, evicted := "map", "installed", ""
