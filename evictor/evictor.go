@@ -329,12 +329,11 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 				}
 				staged = append(staged, i)
 			case status[i] == byte(unix.ENOENT):
-				// Absent from the program, though the table holds it resident: a discard whose
-				// REMOVE event the fault thread has not read yet, or a record gone wrong. Either
-				// way it must not be read below: that read would fault on the program's uffd,
-				// and, the run being at its cap, the fault would wait for this very batch (a
-				// deadlock seen once in CI, cause not yet found). Left Resident and off the
-				// queue: a REMOVE discards it; a fault on it finds it resident and is woken.
+				// Absent from the program while still Staged: moved by an mremap whose REMAP
+				// event is not read yet (the kernel sends it after moving the pages), or a record
+				// gone wrong. It must not be read below: the read would fault. Left Resident and
+				// off the queue: the REMAP event re-keys it to where the page is; if the record is
+				// wrong, the next fault on it finds it absent and stops the program (missing).
 				tb.Unstage(en)
 				e.Stats.Absent.Add(1)
 			default:
