@@ -29,6 +29,7 @@ package evictor
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -129,6 +130,9 @@ type Evictor struct {
 	// flight. Sampled every 2 ms by the runtime. It counts against the cap too, so the cap
 	// holds as the kernel measures it: the evictor takes tracked pages to make up for it.
 	Unmanaged atomic.Int64
+	// tid is the thread Loop runs on (locked to it): its reads of a program's pages may fault
+	// on that program's uffd, and the fault thread must never hold those for room (Tid).
+	tid atomic.Int32
 	// Reserve is room kept free below the cap for memory the program takes without faulting
 	// (BurstReserve): it lowers both watermarks and Limit. Set by the runtime's poll.
 	Reserve atomic.Int64
@@ -174,6 +178,10 @@ func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func
 // RSS poll sees pressure); only when a pass leaves it over High with nothing it could take
 // does it look again on its own, after retryAfter. A program below its cap costs it nothing.
 func (e *Evictor) Loop(stop <-chan struct{}) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	e.tid.Store(int32(unix.Gettid()))
+	defer e.tid.Store(0)
 	const retryAfter = 5 * time.Millisecond
 	retry := time.NewTimer(retryAfter)
 	retry.Stop()
@@ -268,6 +276,11 @@ func retryEAGAIN(f func() error) error {
 		time.Sleep(time.Duration(min(i+1, 100)) * 10 * time.Microsecond)
 	}
 }
+
+// Tid is the thread the evictor reads programs' pages from (0: not running). A fault that
+// thread raises must be served at once, whatever the cap: it is the evictor making room, and
+// held for room it would wait on itself.
+func (e *Evictor) Tid() int32 { return e.tid.Load() }
 
 // ErrGone is what Target.Drop returns when the process exited meanwhile.
 var ErrGone = errors.New("process gone")

@@ -122,7 +122,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		switch {
 		case flags&uffd.PagefaultWP != 0:
 			o, src = p.wpFault(pg), FromWP
-		case p.rt.overCap() && int32(tid) != p.agentTid.Load() && p.CanEvict():
+		case p.rt.overCap() && !p.makesRoom(int32(tid)) && p.CanEvict():
 			// A process with no agent yet (a fork child before its hello) goes on: the evictor
 			// cannot take its pages, and holding its faults would hold the thread that is
 			// starting its agent (a redis BGSAVE child's inherited pages, counted again for
@@ -130,7 +130,7 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 			p.rt.kickEvictor()
 			o = retry
 		default:
-			o, src = p.missing(pg, flags&uffd.PagefaultWrite != 0, buf)
+			o, src = p.missing(pg, flags&uffd.PagefaultWrite != 0, buf, since)
 		}
 		if o == served {
 			d := time.Since(since)
@@ -170,8 +170,19 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 	return served
 }
 
-// missing serves a MISSING fault: the page is absent from the program.
-func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Source) {
+// makesRoom reports whether faults of thread tid are eviction's own, never held for room: the
+// agent's (it moves and drops the victims) and the evictor's reads of the victims.
+func (p *Process) makesRoom(tid int32) bool {
+	return tid == p.agentTid.Load() || tid == p.rt.Evictor.Tid()
+}
+
+// absentGrace is how long a fault on a page the table holds resident, yet absent, is retried
+// before the record is taken to be wrong: the time for a REMAP event the kernel sends after an
+// mremap moved the page (microseconds) to be read.
+const absentGrace = 100 * time.Millisecond
+
+// missing serves a MISSING fault, read at since: the page is absent from the program.
+func (p *Process) missing(pg uint64, write bool, buf []byte, since time.Time) (o outcome, src Source) {
 	t := p.table
 	t.Lock()
 	defer t.Unlock()
@@ -182,8 +193,20 @@ func (p *Process) missing(pg uint64, write bool, buf []byte) (o outcome, src Sou
 	}
 	switch e.State {
 	case pagetable.Resident, pagetable.Evicting:
-		// Already installed (a batch filled it, or two threads faulted on it): just wake.
-		return p.wake(pg), FromZero
+		// Already installed (a batch filled it, or two threads faulted on it): just wake. The
+		// pagemap read is on this rare path only. If the page is absent, an mremap may have
+		// moved it (its REMAP event re-keys the entry shortly); past absentGrace the record
+		// is wrong and the content may be lost: the program is stopped, never woken into the
+		// same fault for ever, nor given zeros.
+		present, err := p.present(pg)
+		switch {
+		case err != nil || present:
+			return p.wake(pg), FromZero
+		case time.Since(since) < absentGrace:
+			return retry, FromZero
+		}
+		p.Fail(fmt.Errorf("page %#x is absent from the program though farmem records it resident: its content may be lost", pg))
+		return served, FromZero
 	case pagetable.Staged:
 		// Moved out by the batch in flight: it commits the page (or puts it back) shortly
 		// and wakes this thread, which then finds it Evicted (or present).
