@@ -517,6 +517,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	tb.Unlock()
 	slices.Sort(drop)
 	dropRuns := runs(drop, nil)
+	removes := len(dropRuns) // one REMOVE event a run dropped from the program
 	if moved > 0 {
 		// The whole used part of the staging area, in one run whatever the victims' spread
 		// (and with no REMOVE event: see Target.Staging). It holds nothing of the program's any
@@ -559,10 +560,6 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	}
 	e.Stats.Runs.Add(int64(len(victimRuns)))
 	e.Stats.Staged.Add(int64(len(staged)))
-	removes := len(dropRuns)
-	if moved > 0 {
-		removes-- // the staging area's drop raises none (see Target.Staging)
-	}
 	e.Stats.Removes.Add(int64(removes))
 	d := time.Since(start)
 	e.Stats.Batch.Record(d)
@@ -571,7 +568,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		e.Stats.StageTime[i].Add(int64(end - prev))
 		prev = end
 	}
-	if tracing := e.Trace != nil; tracing {
+	if e.Trace != nil {
 		r := rec // only this copy escapes: a batch allocates nothing for tracing when off
 		r.Pid, r.Start, r.End, r.Victims, r.Runs, r.Staged = t.Pid(), start, d, len(e.victims), len(victimRuns), len(staged)
 		e.Trace(&r)
