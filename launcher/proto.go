@@ -158,6 +158,19 @@ type agentConn struct {
 	c  *conn
 }
 
+// ask sends the agent m and returns its answer, with the fd it passed (-1: none); a.mu must be
+// held. A connection that fails is the agent's death: ErrGone.
+func (a *agentConn) ask(m msg) (msg, int, error) {
+	if a.c.send(m, -1) != nil {
+		return msg{}, -1, evictor.ErrGone
+	}
+	ans, fd, err := a.c.recv()
+	if err != nil {
+		return msg{}, -1, evictor.ErrGone
+	}
+	return ans, fd, nil
+}
+
 // askRuns sends the agent m with runs after its header and returns the answer (its body, if any,
 // is a.c.buf[msgSize:a.c.n]); a.mu must be held.
 func (a *agentConn) askRuns(m msg, runs []evictor.Run) (msg, error) {
@@ -237,12 +250,9 @@ func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
 func (a *agentConn) Staging(bytes uint64) (uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.c.send(msg{Type: msgStaging, A: bytes}, -1) != nil {
-		return 0, evictor.ErrGone
-	}
-	m, _, err := a.c.recv()
+	m, _, err := a.ask(msg{Type: msgStaging, A: bytes})
 	if err != nil {
-		return 0, evictor.ErrGone
+		return 0, err
 	}
 	if m.Type != msgStagingOK {
 		return 0, fmt.Errorf("agent answered message type %d to a staging request", m.Type)
@@ -258,12 +268,9 @@ func (a *agentConn) Staging(bytes uint64) (uint64, error) {
 func (a *agentConn) Filter(minBytes uint64) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.c.send(msg{Type: msgFilter, A: minBytes}, -1) != nil {
-		return -1, evictor.ErrGone
-	}
-	m, fd, err := a.c.recv()
+	m, fd, err := a.ask(msg{Type: msgFilter, A: minBytes})
 	if err != nil {
-		return -1, evictor.ErrGone
+		return -1, err
 	}
 	if m.Type != msgFilterOK || (m.A == 0) != (fd >= 0) {
 		if fd >= 0 {
