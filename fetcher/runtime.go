@@ -95,9 +95,9 @@ type Runtime struct {
 	PeakAnonPages atomic.Int64
 
 	armed atomic.Bool // set once, never cleared
-	// watch, once set (ContainChildren), tells the rescan loop when the programs' memory crosses the
-	// arming threshold, so that before arming it polls a few times a second instead of
-	// hundreds. nil: it polls (pollInterval). Closed by the rescan loop as it ends.
+	// watch, once set (ContainChildren), tells the rescan loop when the programs' memory
+	// crosses the arming threshold, so that before arming it polls a few times a second
+	// instead of hundreds. nil: it polls (pollInterval). Closed by the rescan loop as it ends.
 	watch  atomic.Pointer[armWatch]
 	arming atomic.Bool // the first rescan after arming is adopting pages: program faults wait
 
