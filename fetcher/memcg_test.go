@@ -15,9 +15,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A program started from a contained thread is born in the run's memory cgroup, the cgroup's
-// threshold fires when the program's memory crosses it, and the cgroup is gone after the run.
-func TestArmWatchSeesTheProgramCross(t *testing.T) {
+// A program started from a contained thread is born in the run's memory cgroup, each of the
+// cgroup's thresholds fires when the program's memory crosses it, and the cgroup is gone after
+// the run.
+func TestUsageWatchSeesTheProgramCross(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("making a memory cgroup needs root")
 	}
@@ -25,8 +26,8 @@ func TestArmWatchSeesTheProgramCross(t *testing.T) {
 		t.Skip("python3 not installed")
 	}
 	runtime.LockOSThread() // the test's goroutine ends with its thread, which is then in no cgroup of ours
-	const threshold = 32 << 20
-	w, err := newArmWatch(threshold)
+	const low, high = 32 << 20, 96 << 20
+	w, err := newUsageWatch(low, high)
 	if errors.Is(err, fs.ErrNotExist) {
 		t.Skip("no cgroup v1 memory controller:", err)
 	}
@@ -34,11 +35,12 @@ func TestArmWatchSeesTheProgramCross(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.close()
-	if !w.below() {
-		t.Fatalf("a new cgroup is not below a %d MiB threshold", threshold>>20)
+	if !w.below(low) {
+		t.Fatalf("a new cgroup is not below a %d MiB threshold", low>>20)
 	}
-	// Holds 48 MiB it wrote (a bytes object of ones, so every page is touched) until stdin closes.
-	cmd := exec.Command("python3", "-c", "import sys; b = b'\\x01' * (48 << 20); print('ok', flush=True); sys.stdin.read()")
+	// For each line N on stdin, writes N MiB more (bytes objects of ones: every page touched),
+	// keeps them, and says ok.
+	cmd := exec.Command("python3", "-c", "import sys\nkeep = []\nfor n in sys.stdin:\n    keep.append(b'\\x01' * (int(n) << 20))\n    print('ok', flush=True)")
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -53,18 +55,27 @@ func TestArmWatchSeesTheProgramCross(t *testing.T) {
 	if !strings.Contains(string(cg), "/"+filepath.Base(w.dir)+"\n") {
 		t.Fatalf("the program was not born in the run's cgroup %s:\n%s", w.dir, cg)
 	}
-	var ok [3]byte
-	if _, err := stdout.Read(ok[:]); err != nil {
-		t.Fatalf("the program did not fill its memory: %v", err)
+	grow := func(mib int, threshold int64) {
+		t.Helper()
+		fmt.Fprintln(stdin, mib)
+		var ok [3]byte
+		if _, err := stdout.Read(ok[:]); err != nil {
+			t.Fatalf("the program did not write %d MiB more: %v", mib, err)
+		}
+		select {
+		case <-w.crossed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no threshold event 10 s after the program wrote %d MiB more (threshold %d MiB)", mib, threshold>>20)
+		}
+		if w.below(threshold) {
+			t.Fatalf("the cgroup reads below %d MiB after the program wrote %d MiB more", threshold>>20, mib)
+		}
 	}
-	select {
-	case <-w.crossed:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no threshold event 10 s after the program wrote 48 MiB (threshold %d MiB)", threshold>>20)
+	grow(48, low)
+	if !w.below(high) {
+		t.Fatalf("a cgroup holding a 48 MiB program reads above %d MiB", high>>20)
 	}
-	if w.below() {
-		t.Fatalf("the cgroup holding a 48 MiB program reads below %d MiB", threshold>>20)
-	}
+	grow(48, high)
 	stdin.Close()
 	cmd.Wait()
 	w.close()

@@ -66,5 +66,5 @@ func pollInterval(armed bool, total, armPages int64) time.Duration {
 }
 
 // The bounds of pollInterval. A program far below the cap, or one watched by its memory
-// cgroup (armWatch), is polled at the slowest, which only keeps PeakAnonPages current.
+// cgroup (usageWatch), is polled at the slowest, which only keeps PeakAnonPages current.
 const fastestPoll, slowestPoll = 2 * time.Millisecond, 50 * time.Millisecond

@@ -96,9 +96,10 @@ type Runtime struct {
 
 	armed atomic.Bool // set once, never cleared
 	// watch, once set (ContainChildren), tells the rescan loop when the programs' memory
-	// crosses the arming threshold, so that before arming it polls a few times a second
-	// instead of hundreds. nil: it polls (pollInterval). Closed by the rescan loop as it ends.
-	watch  atomic.Pointer[armWatch]
+	// crosses the arming threshold or, armed, nearCapPages, so that it polls a
+	// few times a second instead of hundreds while below. nil: it polls (pollInterval). Closed
+	// by the rescan loop as it ends.
+	watch  atomic.Pointer[usageWatch]
 	arming atomic.Bool // the first rescan after arming is adopting pages: program faults wait
 
 	mu    sync.Mutex
@@ -140,17 +141,15 @@ func NewRuntime(capPages int64, b backend.Backend) *Runtime {
 }
 
 // ContainChildren moves the calling thread, which must be locked to its OS thread, into a
-// memory cgroup of the run's own whose usage threshold says when to arm (armWatch), until
-// started is called: the programs the thread starts meanwhile are born in it. Without one (no
-// cgroup v1 memory controller, no right to make a cgroup) the run polls for the threshold: the
-// error says why, started is still to be called, and nothing else changes.
+// memory cgroup of the run's own whose usage thresholds say when to arm and when the programs
+// near their cap (usageWatch), until started is called: the programs the thread starts
+// meanwhile are born in it. Without one (no cgroup v1 memory controller, no right to make a
+// cgroup) the run polls: the error says why, started is still to be called, and nothing else
+// changes.
 func (rt *Runtime) ContainChildren() (started func(), err error) {
-	if rt.armed.Load() {
-		return func() {}, nil // armed from the start: nothing to watch for
-	}
-	w, err := newArmWatch(rt.ArmPages * PageSize)
+	w, err := newUsageWatch(rt.ArmPages*PageSize, rt.nearCapPages()*PageSize)
 	if err != nil {
-		return func() {}, fmt.Errorf("watching for the arming threshold: %w", err)
+		return func() {}, fmt.Errorf("watching the programs' memory: %w", err)
 	}
 	tid := unix.Gettid()
 	started = func() {
@@ -169,13 +168,14 @@ func (rt *Runtime) ContainChildren() (started func(), err error) {
 }
 
 // closeWatch closes w unless the rescan loop has (it closes the one it finds as it ends).
-func (rt *Runtime) closeWatch(w *armWatch) {
+func (rt *Runtime) closeWatch(w *usageWatch) {
 	if rt.watch.CompareAndSwap(w, nil) {
 		w.close()
 	}
 }
 
-// ArmWatched reports whether a memory cgroup's threshold, not polling, says when to arm.
+// ArmWatched reports whether a memory cgroup's thresholds, not polling, say when to arm and
+// when the programs near their cap.
 func (rt *Runtime) ArmWatched() bool { return rt.watch.Load() != nil }
 
 func (rt *Runtime) targets() []evictor.Target {
@@ -463,10 +463,10 @@ func (rt *Runtime) Close() {
 // anonymous mappings the shim could not see (glibc malloc's internal brk and mmap) and
 // registers them, adopting their present pages. Nothing faults in memory we have not
 // registered, so the only sign of it is the kernel's count: it reads each process's anonymous
-// RSS (statm, one pread) every 2 ms once armed, less often before (pollInterval, or every 50 ms
-// while the run's memory cgroup is below the threshold that says when to arm), and rescans a
-// process at once when its RSS drifts from the pages we track by more than unseenPages;
-// otherwise every 100 ms.
+// RSS (statm, one pread) every 2 ms once armed, less often before (pollInterval), or every
+// 50 ms while the run's memory cgroup is below the threshold that matters (usageWatch), and
+// rescans a process at once when its RSS drifts from the pages we track by more than
+// unseenPages; otherwise every 100 ms.
 func (rt *Runtime) rescanLoop() {
 	const unseenPages = 512
 	t := time.NewTimer(pollInterval(rt.armed.Load(), 0, rt.ArmPages))
@@ -485,7 +485,7 @@ func (rt *Runtime) rescanLoop() {
 	}()
 	for {
 		var crossed chan struct{}
-		if w := rt.watch.Load(); w != nil && !rt.armed.Load() {
+		if w := rt.watch.Load(); w != nil {
 			crossed = w.crossed
 		}
 		select {
@@ -534,7 +534,7 @@ func (rt *Runtime) rescanLoop() {
 			t.Reset(fastestPoll)
 			continue
 		}
-		t.Reset(fastestPoll)
+		t.Reset(rt.armedInterval())
 		var unmanaged, unseen int64
 		for p, a := range anon {
 			p.table.Lock()
@@ -557,14 +557,35 @@ func (rt *Runtime) rescanLoop() {
 }
 
 // unarmedInterval is how long the rescan loop may sleep before arming, the programs holding
-// total pages: until its watch says the threshold is crossed, if it has one and the programs'
-// cgroup is below it (the slowest poll still samples PeakAnonPages), else pollInterval.
+// total pages: the slowest poll (which only keeps PeakAnonPages current) while the run's
+// memory cgroup is below the arming threshold, whose crossing its watch reports; else, or
+// with no watch, pollInterval.
 func (rt *Runtime) unarmedInterval(total int64) time.Duration {
-	if w := rt.watch.Load(); w != nil && w.below() {
+	if w := rt.watch.Load(); w != nil && w.below(rt.ArmPages*PageSize) {
 		return slowestPoll
 	}
 	return pollInterval(false, total, rt.ArmPages)
 }
+
+// armedInterval is how long the rescan loop may sleep once armed: the slowest poll while the
+// run's memory cgroup is below nearCapPages (the programs' anonymous memory, which the cgroup's
+// usage bounds, is then below it too, registered or not: nothing unseen can bring them near the
+// cap without crossing it, which the watch reports) and so is what the evictor counts; else the
+// fastest.
+func (rt *Runtime) armedInterval() time.Duration {
+	near := rt.nearCapPages()
+	if w := rt.watch.Load(); w != nil && rt.Evictor.Used() < near && w.below(near*PageSize) {
+		return slowestPoll
+	}
+	return fastestPoll
+}
+
+// nearCapPages is the watch's second threshold: as far below the evictor's low watermark as
+// that is below the cap. A paging run stays above it (eviction stops at the low watermark), so
+// its crossings, each a wakeup of farmem's, come only when the programs' memory really falls
+// or rises, not with every batch; one at the low watermark itself fired twice a batch and cost
+// micro's random walk 10-30 %.
+func (rt *Runtime) nearCapPages() int64 { return 2*rt.Evictor.Low - rt.CapPages }
 
 // arm registers every process's mappings. Until the pages already present are adopted,
 // Resident undercounts them and the cap cannot hold back new faults, so program faults wait

@@ -254,7 +254,7 @@ func TestTortureBelowCapNeverArms(t *testing.T) {
 }
 
 // canWatchArming reports whether farmem can put the program in a memory cgroup of its own
-// (fetcher.armWatch): root, and a cgroup v1 memory controller.
+// (fetcher.usageWatch): root, and a cgroup v1 memory controller.
 func canWatchArming() bool {
 	_, err := os.Stat("/sys/fs/cgroup/memory/cgroup.event_control")
 	return err == nil && os.Geteuid() == 0
