@@ -78,7 +78,7 @@ func runCommand() *cli.Command {
 			"crashed, the backend lost it), the program is stopped: it never reads zeros in its place.\n\n" +
 			"Where it can (root, cgroup v1), farmem starts the program in a memory cgroup of its own\n" +
 			"(farmem-PID, inside farmem's cgroup, removed at exit). It sets no limit there: its usage\n" +
-			"threshold only tells farmem when the program nears the cap, so that farmem need not poll.",
+			"thresholds only tell farmem when the program nears the cap, so that farmem need not poll.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too (redis pages: lz4 7x, zstd 9x smaller), at a cost: at a 25% cap, lz4 gave\n\t0.65-1.0x and zstd 0.6-0.8x of none's throughput here (results/redis.md)"},
