@@ -22,10 +22,12 @@
 #                                    a trap so a failure or ^C still tears down; exits as CMD did
 #
 # What the limit charges: in cgroup v1 memory.limit_in_bytes counts the cgroup's anonymous
-# pages, the page cache it brought in (its binaries and libraries, files it read) and kernel
-# memory (page tables, socket buffers). farmem's --local-mem caps anonymous memory only, so a
-# harness comparing the two at "the same cap" should give the cgroup cap + what the program's
-# native run charged beyond its anonymous peak (bin/farmem-bench does: see its report).
+# pages, the page cache it brought into the cache (not pages already cached by others, such as
+# a binary's and its libraries' when they ran before) and kernel memory (page tables, slab).
+# farmem's --local-mem caps anonymous memory only, so a harness comparing the two at "the same
+# cap" should give the cgroup cap + the kernel memory the program's native run was charged
+# (`stats` says kmem_max_bytes): page cache is reclaimed before anonymous memory is swapped, so
+# whatever more the cgroup gets goes to anonymous memory (bin/farmem-bench does: see its report).
 #
 # Env: SWAPFILE (default /var/tmp/farmem-swapfile), ZRAM (default zram0), ZRAM_ALG (lz4).
 set -euo pipefail
@@ -124,6 +126,8 @@ stats() {
   local out="max_usage_bytes=$(cat "$d/memory.max_usage_in_bytes") failcnt=$(cat "$d/memory.failcnt")"
   out="$out $(awk '$1 ~ /^total_(rss|cache|swap|pgmajfault|pgfault|pgpgin|pgpgout)$/ {sub(/^total_/, "", $1); printf "%s=%s ", $1, $2}' "$d/memory.stat")"
   out="$out oom_kills=$(awk '$1 == "oom_kill" {print $2}' "$d/memory.oom_control")"
+  # Kernel memory (page tables, slab): absent where the kernel was booted with cgroup.memory=nokmem.
+  [ ! -r "$d/memory.kmem.max_usage_in_bytes" ] || out="$out kmem_max_bytes=$(cat "$d/memory.kmem.max_usage_in_bytes")"
   echo "$out"
 }
 
