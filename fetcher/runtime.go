@@ -90,6 +90,9 @@ type Runtime struct {
 	// SlowBudget bounds the records kept for being slow (not head-sampled) to so many a
 	// second, across the run; zero: no bound. Set it with the other three.
 	SlowBudget SlowBudget
+	// MaxHeat is each process's page table's MaxHeat: how many extra passes through the
+	// victim queue a page that keeps coming back may earn (0: FIFO). Set before the first Attach.
+	MaxHeat uint8
 	// PeakAnonPages is the highest anonymous RSS of all processes together that the runtime's
 	// poll saw (every 2 ms once armed): the cap as the kernel measures it.
 	PeakAnonPages atomic.Int64
@@ -127,7 +130,7 @@ func armMargin(capPages int64) int64 { return max(capPages/4, (32<<20)/PageSize)
 // NewRuntime builds a runtime holding at most capPages resident pages, storing evicted pages in b.
 func NewRuntime(capPages int64, b backend.Backend) *Runtime {
 	rt := &Runtime{
-		Slots: pagetable.NewSlots(b), CapPages: capPages, ArmPages: capPages - armMargin(capPages), MinRegister: 64 << 10,
+		Slots: pagetable.NewSlots(b), CapPages: capPages, ArmPages: capPages - armMargin(capPages), MinRegister: 64 << 10, MaxHeat: pagetable.DefaultMaxHeat,
 		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{},
 		stop: make(chan struct{}), start: time.Now(),
 	}
@@ -236,7 +239,9 @@ func (rt *Runtime) Failure() error {
 
 // Attach adopts a program process that said hello with its uffd.
 func (rt *Runtime) Attach(pid, fd int) (*Process, error) {
-	p, err := newProcess(rt, fd, pagetable.New(&rt.Resident, rt.Slots))
+	tb := pagetable.New(&rt.Resident, rt.Slots)
+	tb.MaxHeat = rt.MaxHeat
+	p, err := newProcess(rt, fd, tb)
 	if err != nil {
 		return nil, err
 	}

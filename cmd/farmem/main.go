@@ -20,6 +20,7 @@ import (
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/ctrl"
 	"github.com/farmem/farmem/launcher"
+	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/remote"
 	"github.com/farmem/farmem/uffd"
 )
@@ -27,6 +28,9 @@ import (
 // minLocalMem is the smallest cap: below it the eviction headroom and the program's own
 // non-heap memory leave nothing to page.
 const minLocalMem = 16 << 20
+
+// maxEvictHeat bounds --evict-heat: a page in use already stays 16 rounds of the queue at that.
+const maxEvictHeat = 15
 
 // usageError is bad input: one line on stderr, exit status 2, nothing started.
 type usageError struct{ msg string }
@@ -88,6 +92,7 @@ func runCommand() *cli.Command {
 			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION (e.g. 50us) before sleeping"),
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
 			ctrlTokenFlag(),
+			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 		}, append(prefetchFlags(), telemetryFlags()...)...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
@@ -118,6 +123,11 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			heat := c.Int("evict-heat")
+			if heat < 0 || heat > maxEvictHeat {
+				return usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
+			}
+			heat8 := uint8(heat)
 			codec, err := backend.CodecByName(c.String("compress"))
 			if err != nil {
 				return usagef("--compress: %v", err)
@@ -163,7 +173,7 @@ func runCommand() *cli.Command {
 				return err
 			}
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, PrefetchCachePages: cachePages, Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery, LatencyOut: latencyOut})
+				Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: &heat8, Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery, LatencyOut: latencyOut})
 			stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 			if trace != nil {                   // Run has stopped every fault thread
 				if cerr := closeTrace(c, trace); err == nil {
