@@ -526,6 +526,8 @@ func TestBadInput(t *testing.T) {
 		{"unknown prefetcher", append([]string{"run", "--local-mem", "64MiB", "--prefetch", "oracle", "--"}, touch...), `unknown prefetcher "oracle": choose one of leap, readahead, stride, nextn, none`},
 		{"prefetch max 0", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "0", "--"}, touch...), "--prefetch-max 0: give 1 to 32 pages"},
 		{"prefetch max too big", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "64", "--"}, touch...), "--prefetch-max 64: give 1 to 32 pages"},
+		{"evict heat too big", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "16", "--"}, touch...), "--evict-heat 16: give 0 to 15"},
+		{"evict heat negative", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "-1", "--"}, touch...), "--evict-heat -1: give 0 to 15"},
 		{"prefetch mode unknown", append([]string{"run", "--local-mem", "64MiB", "--prefetch-mode", "ring", "--"}, touch...), `--prefetch-mode "ring": give map or cache`},
 		{"cache pages in map mode", append([]string{"run", "--local-mem", "64MiB", "--prefetch-cache-pages", "100", "--"}, touch...), "--prefetch-cache-pages applies to --prefetch-mode cache"},
 		{"cache pages over half the cap", append([]string{"run", "--local-mem", "64MiB", "--prefetch-mode", "cache", "--prefetch-cache-pages", "9000", "--"}, touch...), "--prefetch-cache-pages 9000: give 1 to 8192 (half the cap)"},
