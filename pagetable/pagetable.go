@@ -292,7 +292,7 @@ func (t *PageTable) each(start, end uint64, f func(uint64, *Entry)) {
 // back to the tail for one Heat less (see Refaulted for how it earns it). FIFO alone already
 // makes a re-faulted page the last to go again; the heat keeps a page that keeps coming back
 // for longer each time, where plain FIFO takes it once a pass. On redis's zipfian GETs at a
-// quarter of its peak that was 11 % fewer re-faults and 6-17 % more operations a second in
+// quarter of its peak that was 11 % fewer re-faults and 6-21 % more operations a second in
 // each of six rounds, and 2-3 % fewer re-faults at half (results/eviction.md).
 //
 // The block mates go early, hot or not: every run an eviction takes out of the program costs a
