@@ -5,20 +5,34 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
 
-// placement keeps a process's fault thread on the CPU of the thread that faults.
+// placement keeps a process's fault thread on the CPU of the thread that faults, and, while
+// one thread of the program does the faulting, keeps that thread there too.
 //
 // On these machines a wakeup across CPUs costs 60-80 us (the idle CPU halts and must be
 // interrupted out of the hypervisor), a uffd round trip on one CPU about 4 us. When the
 // faulting thread and the fault thread share a CPU, the fault switches straight to the fault
-// thread and back, with no interrupt; measured on a random page walk at a 25 % cap, that
-// doubles the fault rate. So every checkEvery faults the fault thread looks up where the last
-// faulting thread runs (/proc, ~10 us) and moves itself there. It pins only itself, never the
-// program's threads; with several faulting threads it follows the latest, which is the one
-// that faults most often.
+// thread and back, with no interrupt. So every checkEvery faults the fault thread looks up
+// where the last faulting thread runs (/proc, ~10 us) and moves itself there; with several
+// faulting threads it follows the latest, which is the one that faults most often.
+//
+// Following is not enough. A program left free still ran on both CPUs by turns (traced with
+// bpftrace: both CPUs went idle ~5k times a second, where a pinned program's CPU never did),
+// and its faults went slow. Pinned where it ran, redis's zipfian GETs at half its peak ran
+// 1.9x as fast and micro's random walk 3-4x (results/eviction.md, "Where the program runs").
+// So from the second check on, the faulting thread is pinned to its CPU as well. That is
+// undone, and never done again in this process, as soon as a second thread faults: the
+// threads of a program that faults from several are left where the kernel puts them.
+//
+// Pinning is inherited by what the pinned thread starts; farmem undoes that. At each check, any
+// other thread of the process that is held to a CPU farmem pinned to gets the program's own
+// affinity back (orig). The agent is the exception. A fork child, and a new image after an
+// exec, get orig back when they attach. A program thread that the program itself pins
+// to such a CPU is widened too: the price of not tracking the program's own calls.
 //
 // The shim's agent thread goes to the same CPU. It is ours, not the program's: it only runs
 // evictions. Each run a drop madvise(DONTNEED)s blocks in the kernel until the fault thread
@@ -30,6 +44,14 @@ type placement struct {
 	faults int
 	cpu    int   // the CPU the fault thread is pinned to; -1 = not pinned
 	agent  int32 // the agent thread last pinned to cpu; 0 = none
+	// orig is the program's own affinity, set before the fault thread starts and never
+	// changed: fewer than two CPUs (or unknown: empty) means nothing to pin.
+	orig   unix.CPUSet
+	pinned int  // the program thread farmem pinned; 0 = none
+	shared bool // a second thread has faulted: the program is left where it runs
+	// used has bit c set once farmem pinned a program thread to CPU c (< 64): what a fork
+	// child or a new image may have inherited from us. Read by other goroutines (Attach).
+	used atomic.Uint64
 }
 
 const checkEvery = 512
@@ -59,6 +81,79 @@ func (pl *placement) fault(pid, tid int, agent int32) {
 	if agent != 0 && agent != pl.agent && unix.SchedSetaffinity(int(agent), &set) == nil {
 		pl.agent = agent
 	}
+	// Not at the first check: a fork child starts on its parent's CPU, and the kernel should
+	// have a moment to place it before it is held there.
+	if pl.faults > checkEvery {
+		pl.pinProgram(pid, tid, cpu, agent, &set)
+	}
+}
+
+// pinProgram pins thread tid, which faulted on cpu, while it is the only one that faults.
+func (pl *placement) pinProgram(pid, tid, cpu int, agent int32, set *unix.CPUSet) {
+	if pl.orig.Count() < 2 || pl.shared {
+		return
+	}
+	if pl.pinned != 0 && pl.pinned != tid {
+		pl.shared = true
+		pl.release(pid, int(agent), 0)
+		return
+	}
+	if unix.SchedSetaffinity(tid, set) != nil {
+		return // exited meanwhile
+	}
+	pl.pinned = tid
+	if cpu < 64 {
+		pl.used.Or(1 << cpu)
+	}
+	pl.release(pid, int(agent), tid)
+}
+
+// release gives every thread of pid but keep and the agent that farmem's pinning holds to
+// one CPU the program's own affinity back.
+func (pl *placement) release(pid, agent, keep int) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return
+	}
+	for _, t := range tasks {
+		tid, err := strconv.Atoi(t.Name())
+		if err != nil || tid == keep || tid == agent {
+			continue
+		}
+		var m unix.CPUSet
+		if unix.SchedGetaffinity(tid, &m) == nil && heldBy(m, pl.used.Load()) {
+			unix.SchedSetaffinity(tid, &pl.orig) // a thread that exited meanwhile: ESRCH
+		}
+	}
+}
+
+// heldBy reports whether m is a single CPU that used (a bit per CPU) has.
+func heldBy(m unix.CPUSet, used uint64) bool {
+	if m.Count() != 1 {
+		return false
+	}
+	for c := range 64 {
+		if m.IsSet(c) {
+			return used&(1<<c) != 0
+		}
+	}
+	return false
+}
+
+// programAffinity returns the affinity of the program that attaches as pid: its own, unless it
+// holds just one CPU that farmem pinned a thread of from to (from: the parent of a fork child,
+// or the image an exec replaced; nil for a new program). Then it inherited that pinning, and
+// its main thread is given from's affinity back.
+func programAffinity(pid int, from *Process) unix.CPUSet {
+	var cur unix.CPUSet
+	if unix.SchedGetaffinity(pid, &cur) != nil {
+		return unix.CPUSet{} // unknown: never pin
+	}
+	if from == nil || !heldBy(cur, from.place.used.Load()) || from.place.orig.Count() < 2 {
+		return cur
+	}
+	unix.SchedSetaffinity(pid, &from.place.orig) // exited meanwhile: ESRCH, nothing to undo
+	return from.place.orig
 }
 
 // threadCPU returns the CPU thread tid of pid last ran on (field 39 of its stat).

@@ -238,7 +238,10 @@ func (rt *Runtime) Failure() error {
 }
 
 // Attach adopts a program process that said hello with its uffd.
-func (rt *Runtime) Attach(pid, fd int) (*Process, error) {
+func (rt *Runtime) Attach(pid, fd int) (*Process, error) { return rt.attach(pid, fd, 0) }
+
+// attach adopts process pid, a fork child of ppid with nothing registered if ppid != 0.
+func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
 	tb := pagetable.New(&rt.Resident, rt.Slots)
 	tb.MaxHeat = rt.MaxHeat
 	p, err := newProcess(rt, fd, tb)
@@ -248,9 +251,14 @@ func (rt *Runtime) Attach(pid, fd int) (*Process, error) {
 	p.pid.Store(int32(pid))
 	rt.mu.Lock()
 	old := rt.byPid[pid] // an exec replaced the old image: its mm is gone
+	from := old          // whose pinning pid may have inherited (placement)
+	if ppid != 0 {
+		from = rt.byPid[ppid]
+	}
 	rt.procs[p] = true
 	rt.byPid[pid] = p
 	rt.mu.Unlock()
+	p.place.orig = programAffinity(pid, from)
 	if old != nil {
 		rt.retire(old)
 	}
@@ -274,6 +282,7 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 	parent.regMu.Lock()
 	maps.Copy(c.registered, parent.registered)
 	parent.regMu.Unlock()
+	c.place.orig = parent.place.orig // set before the parent's fault thread started: read-only
 	rt.mu.Lock()
 	rt.procs[c] = true
 	rt.forks[parent] = append(rt.forks[parent], c)
@@ -301,7 +310,7 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 		return nil, fmt.Errorf("fork child %d: %w", pid, err)
 	}
 	if !inherited {
-		return rt.Attach(pid, fd)
+		return rt.attach(pid, fd, ppid)
 	}
 	unix.Close(fd)
 	deadline := time.Now().Add(10 * time.Second)
@@ -324,6 +333,7 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 	c.pid.Store(int32(pid))
 	rt.byPid[pid] = c
 	rt.mu.Unlock()
+	programAffinity(pid, parent) // undo a pinning it inherited; c already has the parent's
 	rt.watchExit(c, pid)
 	return c, nil
 }

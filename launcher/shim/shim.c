@@ -1,6 +1,6 @@
 /* libfarmem.so: the LD_PRELOAD agent farmem puts inside the program.
  *
- * It does four things and nothing else (DESIGN.md section 2):
+ * It does six things and nothing else (DESIGN.md section 2):
  *   1. creates the program's userfaultfd and hands it to the runtime (SCM_RIGHTS) in a HELLO on
  *      the control connection; it keeps its own copy so that, should the runtime die, a faulting
  *      thread hangs (and is killed) instead of reading zeros;
@@ -22,12 +22,16 @@
  *      agent perform the call (SYSCALL), registers the result, and only then lets the caller
  *      return, so no page of it is touched unregistered. The agent's own calls, and the
  *      interposed mmap (which registers by itself), go through one syscall instruction the filter
- *      lets pass: exempt6.
+ *      lets pass: exempt6;
+ *   6. gives each thread the program starts the program's own CPU affinity when the starting
+ *      thread holds just one CPU that the program did not ask for: farmem pins the thread that
+ *      faults to its CPU (fetcher/placement.go), and what that thread starts would inherit it.
  *
  * Everything runs on raw syscalls: mmap is called from inside allocators (jemalloc's init) before
  * libc is fully usable. The wire format is shared with launcher/proto.go.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/audit.h>
@@ -35,6 +39,7 @@
 #include <linux/seccomp.h>
 #include <linux/userfaultfd.h>
 #include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stddef.h>
@@ -588,8 +593,49 @@ static void atfork_child(void)
 	start_agent();
 }
 
+/* 6. The program's own affinity, from when it started (a fork child keeps its parent's). Cleared
+ * for good once the program sets an affinity itself: from then on what its threads inherit is
+ * its choice, not a pinning of farmem's. */
+static cpu_set_t own_cpus;
+static int have_own_cpus;
+/* Set around the shim's own pthread_setaffinity_np (in pthread_create): not the program's choice. */
+static __thread int shim_sets_affinity;
+
+int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	static int (*next)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+	if (!next) next = (int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *))dlsym(RTLD_NEXT, "pthread_create");
+	int r = next(t, attr, fn, arg);
+	cpu_set_t cur;
+	if (r == 0 && __atomic_load_n(&have_own_cpus, __ATOMIC_RELAXED) &&
+	    sched_getaffinity(0, sizeof cur, &cur) == 0 && CPU_COUNT(&cur) == 1 && !CPU_EQUAL(&cur, &own_cpus)) {
+		shim_sets_affinity = 1;
+		pthread_setaffinity_np(*t, sizeof own_cpus, &own_cpus);
+		shim_sets_affinity = 0;
+	}
+	return r;
+}
+
+int sched_setaffinity(pid_t pid, size_t size, const cpu_set_t *set)
+{
+	__atomic_store_n(&have_own_cpus, 0, __ATOMIC_RELAXED);
+	long r = raw6(SYS_sched_setaffinity, pid, size, (long)set, 0, 0, 0);
+	if (r < 0) { errno = -r; return -1; }
+	return 0;
+}
+
+
+int pthread_setaffinity_np(pthread_t t, size_t size, const cpu_set_t *set)
+{
+	static int (*next)(pthread_t, size_t, const cpu_set_t *);
+	if (!next) next = (int (*)(pthread_t, size_t, const cpu_set_t *))dlsym(RTLD_NEXT, "pthread_setaffinity_np");
+	if (!shim_sets_affinity) __atomic_store_n(&have_own_cpus, 0, __ATOMIC_RELAXED);
+	return next(t, size, set);
+}
+
 __attribute__((constructor)) static void ctor(void)
 {
+	have_own_cpus = sched_getaffinity(0, sizeof own_cpus, &own_cpus) == 0 && CPU_COUNT(&own_cpus) > 1;
 	if (state == 0) init();
 	if (state == 1) start_agent();
 	pthread_atfork(NULL, NULL, atfork_child);
