@@ -90,8 +90,8 @@ func (pl *placement) fault(pid, tid int, agent int32) {
 
 // pinProgram pins thread tid, which faulted on cpu, while it is the only one that faults.
 func (pl *placement) pinProgram(pid, tid, cpu int, agent int32, set *unix.CPUSet) {
-	if pl.orig.Count() < 2 || pl.shared {
-		return
+	if pl.orig.Count() < 2 || pl.shared || tid == int(agent) {
+		return // the agent is ours, pinned above; its rare faults say nothing of the program
 	}
 	if pl.pinned != 0 && pl.pinned != tid {
 		pl.shared = true
