@@ -28,11 +28,12 @@ import (
 // undone, and never done again in this process, as soon as a second thread faults: the
 // threads of a program that faults from several are left where the kernel puts them.
 //
-// Pinning is inherited by what the pinned thread starts; farmem undoes that. At each check, any
-// other thread of the process that is held to a CPU farmem pinned to gets the program's own
-// affinity back (orig). The agent is the exception. A fork child, and a new image after an
-// exec, get orig back when they attach. A program thread that the program itself pins
-// to such a CPU is widened too: the price of not tracking the program's own calls.
+// Pinning is inherited by what the pinned thread starts; farmem undoes that where each is born.
+// A new thread gets the program's own affinity from the shim's pthread_create (unless the
+// program set an affinity itself). A fork child, and a new image after an exec, get it back
+// here when they attach (programAffinity). When the pinning ends, release gives every thread
+// held to a CPU farmem pinned to the program's affinity again (orig). A program thread that the
+// program itself pinned to such a CPU is widened too: the price of not tracking its own calls.
 //
 // The shim's agent thread goes to the same CPU. It is ours, not the program's: it only runs
 // evictions. Each run a drop madvise(DONTNEED)s blocks in the kernel until the fault thread
@@ -95,7 +96,7 @@ func (pl *placement) pinProgram(pid, tid, cpu int, agent int32, set *unix.CPUSet
 	}
 	if pl.pinned != 0 && pl.pinned != tid {
 		pl.shared = true
-		pl.release(pid, int(agent), 0)
+		pl.release(pid, int(agent))
 		return
 	}
 	if unix.SchedSetaffinity(tid, set) != nil {
@@ -105,19 +106,18 @@ func (pl *placement) pinProgram(pid, tid, cpu int, agent int32, set *unix.CPUSet
 	if cpu < 64 {
 		pl.used.Or(1 << cpu)
 	}
-	pl.release(pid, int(agent), tid)
 }
 
-// release gives every thread of pid but keep and the agent that farmem's pinning holds to
-// one CPU the program's own affinity back.
-func (pl *placement) release(pid, agent, keep int) {
+// release gives every thread of pid but the agent that farmem's pinning holds to one CPU the
+// program's own affinity back.
+func (pl *placement) release(pid, agent int) {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		return
 	}
 	for _, t := range tasks {
 		tid, err := strconv.Atoi(t.Name())
-		if err != nil || tid == keep || tid == agent {
+		if err != nil || tid == agent {
 			continue
 		}
 		var m unix.CPUSet

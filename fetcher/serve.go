@@ -301,8 +301,7 @@ func (p *Process) zeroFill(pg uint64, write bool) outcome {
 // re-fault of an evicted page, which tells the replacement policy the page is in use.
 func (p *Process) installed(pg uint64, n int64, err error, dirty bool, slot backend.Slot, src Source) outcome {
 	if n == ps {
-		p.table.Install(pg, dirty, slot)
-		p.table.Refaulted(pg)
+		p.table.Refaulted(p.table.Install(pg, dirty, slot))
 		switch src {
 		case FromBackend:
 			p.rt.Stats.BackendFaults.Add(1)

@@ -40,8 +40,8 @@ type Options struct {
 	Quiet    bool
 	// Prefetch chooses each process's prefetcher (its Name "none": no prefetching).
 	Prefetch prefetch.Config
-	// EvictHeat is the page tables' MaxHeat (pagetable.DefaultMaxHeat unless set; 0: FIFO).
-	EvictHeat *uint8
+	// EvictHeat is the page tables' MaxHeat (0: FIFO).
+	EvictHeat uint8
 	// PrefetchCachePages > 0 puts the prefetcher in cache mode with a cache of that many pages;
 	// 0 is map mode.
 	PrefetchCachePages int
@@ -80,9 +80,7 @@ func Run(o Options) (int, error) {
 
 	rt := fetcher.NewRuntime(o.LocalMem/fetcher.PageSize, o.Backend)
 	rt.Trace = o.Trace
-	if o.EvictHeat != nil {
-		rt.MaxHeat = *o.EvictHeat
-	}
+	rt.MaxHeat = o.EvictHeat
 	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
 		if err := o.Prefetch.Validate(); err != nil {
 			return 0, err

@@ -135,9 +135,9 @@ func (t *PageTable) Len() int { return len(t.pages) }
 func (t *PageTable) addResident(n int) { t.mine += n; t.resident.Add(int64(n)) }
 
 // Install records page as present in the program: dirty with no slot (zero-fill, adoption),
-// or clean with slot (fetched and installed write-protected). It takes over the entry's slot
-// reference when slot equals it; any other old slot is released.
-func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) {
+// or clean with slot (fetched and installed write-protected), and returns its entry. It takes
+// over the entry's slot reference when slot equals it; any other old slot is released.
+func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) *Entry {
 	e := t.pages[page]
 	if e == nil {
 		e = &Entry{}
@@ -151,10 +151,11 @@ func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) {
 	}
 	*e = Entry{State: Resident, Dirty: dirty, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt}
 	t.fifo = append(t.fifo, victim{page, e.Seq})
+	return e
 }
 
-// Refaulted notes that the program faulted page back in (a demand fault on an evicted page,
-// now installed again). It is the only sign of use we get: the kernel gives us no access bits
+// Refaulted notes that the program faulted e's page back in (a demand fault on an evicted page,
+// now installed again: e is what Install returned). It is the only sign of use we get: the kernel gives us no access bits
 // for another process's pages cheaply, and a resident page is never seen again until it is
 // evicted. A page that comes back within one pass of the queue (fewer evictions since its own
 // than pages resident: it would have been hit had it stayed a pass longer) was in use when we
@@ -162,11 +163,7 @@ func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) {
 // time. One that comes back later was rightly taken, and starts over at 0. This is the
 // re-fault distance Linux's workingset code uses to tell a thrashing working set from a cold
 // page; a prefetched page, installed without a fault, earns nothing.
-func (t *PageTable) Refaulted(page uint64) {
-	e := t.pages[page]
-	if e == nil || e.State != Resident {
-		return
-	}
+func (t *PageTable) Refaulted(e *Entry) {
 	if t.evictions-e.EvictedAt <= uint32(t.mine) {
 		e.Level = min(e.Level+1, t.MaxHeat)
 	} else {

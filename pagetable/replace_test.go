@@ -38,9 +38,8 @@ func simulateRuns(trace []int, capPages, maxHeat, block int) (faults, runs int) 
 			continue
 		}
 		faults++
-		tb.Install(p, true, 0)
-		if e != nil {
-			tb.Refaulted(p)
+		if ne := tb.Install(p, true, 0); e != nil {
+			tb.Refaulted(ne)
 		}
 		for tb.Resident() > capPages {
 			victims = tb.Victims(min(tb.Resident()-(capPages-head), 256), victims)
@@ -187,8 +186,7 @@ func TestRefaultedEarnsPasses(t *testing.T) {
 			t.Fatalf("first victim %#x, want the oldest %#x", v, hot)
 		}
 		// Faulted back at once: 1 eviction since, 7 pages resident.
-		tb.Install(hot, true, 0)
-		tb.Refaulted(hot)
+		tb.Refaulted(tb.Install(hot, true, 0))
 		if e := tb.Get(hot); e.Level != min(1, maxHeat) || e.Heat != e.Level {
 			t.Fatalf("MaxHeat %d: after a quick re-fault %+v, want level and heat %d", maxHeat, e, min(1, maxHeat))
 		}
@@ -214,8 +212,7 @@ func TestRefaultedEarnsPasses(t *testing.T) {
 		for range 3 {
 			evictOne()
 		}
-		tb.Install(hot, true, 0)
-		tb.Refaulted(hot)
+		tb.Refaulted(tb.Install(hot, true, 0))
 		if e := tb.Get(hot); e.Level != 0 || e.Heat != 0 {
 			t.Fatalf("MaxHeat %d: after a late re-fault %+v, want level 0", maxHeat, e)
 		}

@@ -127,7 +127,6 @@ func runCommand() *cli.Command {
 			if heat < 0 || heat > maxEvictHeat {
 				return usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
 			}
-			heat8 := uint8(heat)
 			codec, err := backend.CodecByName(c.String("compress"))
 			if err != nil {
 				return usagef("--compress: %v", err)
@@ -173,7 +172,7 @@ func runCommand() *cli.Command {
 				return err
 			}
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: &heat8, Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery, LatencyOut: latencyOut})
+				Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery, LatencyOut: latencyOut})
 			stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 			if trace != nil {                   // Run has stopped every fault thread
 				if cerr := closeTrace(c, trace); err == nil {

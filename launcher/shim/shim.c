@@ -624,7 +624,6 @@ int sched_setaffinity(pid_t pid, size_t size, const cpu_set_t *set)
 	return 0;
 }
 
-
 int pthread_setaffinity_np(pthread_t t, size_t size, const cpu_set_t *set)
 {
 	static int (*next)(pthread_t, size_t, const cpu_set_t *);
