@@ -204,7 +204,7 @@ type prefetchWork struct {
 	entry [MaxPrefetchBatch]*pagetable.Entry
 	seq   [MaxPrefetchBatch]uint32
 	slot  [MaxPrefetchBatch]backend.Slot
-	dirty [MaxPrefetchBatch]bool // written in its last stay: installed writable, as a demand fault would
+	dirty [MaxPrefetchBatch]bool // seen written in its last stay: installed writable (GuessWritten), as a demand fault would
 }
 
 // choose takes the pages of b that are still evicted with a stored copy, in address order
@@ -295,7 +295,11 @@ func (p *Process) install(w *prefetchWork, buf []byte, n int) {
 		k := i + int(max(c, 0)/ps)
 		p.rt.Stats.PrefetchInstalled.Add(int64(k - i))
 		for ; i < k; i++ {
-			p.table.Install(w.addr[i], w.dirty[i], w.slot[i])
+			d := pagetable.Clean
+			if w.dirty[i] {
+				d = pagetable.GuessWritten
+			}
+			p.table.Install(w.addr[i], d, w.slot[i])
 		}
 		if err == unix.EAGAIN {
 			return // an event is unread: the layout may be changing; the rest can fault

@@ -280,7 +280,7 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 			// bit 63: present. The staging area's pages are not the program's (the kernel may
 			// have merged it with a neighbour, so a mapping can hold it).
 			if e>>63 != 0 && p.table.Get(page) == nil && !p.table.InStaging(page) {
-				p.table.Install(page, true, 0)
+				p.table.Install(page, pagetable.Written, 0)
 				adopted++
 			}
 		}

@@ -45,7 +45,7 @@ func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.table.Lock()
-	p.table.Install(0x7000_0000, false, slot[0])
+	p.table.Install(0x7000_0000, pagetable.Clean, slot[0])
 	p.table.Unlock()
 
 	// An eviction batch is in flight on it when it exits.

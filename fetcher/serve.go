@@ -232,7 +232,7 @@ func (p *Process) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 	if e.Slot == 0 {
 		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
 		p.clock.installed(IoctlCopy)
-		return p.installed(pg, n, err, true, 0, FromZero), FromZero
+		return p.installed(pg, n, err, pagetable.Written, 0, FromZero), FromZero
 	}
 	if c := p.rt.PrefetchCache; c != nil && c.take(p, pg, e, buf) {
 		src = FromCache
@@ -246,18 +246,24 @@ func (p *Process) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		}
 		p.clock.mark(&p.clock.fetch)
 	}
-	// A page that is being written, or was written in its last stay, is installed writable
-	// and dirty: a write would otherwise cost a second round trip (the WP fault). Any other
-	// page is installed write-protected: its first write arrives as a WP fault and marks it
-	// dirty, so a page that is only read is later dropped without any write.
-	if write || e.WasWritten {
-		n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
-		p.clock.installed(IoctlCopy)
-		return p.installed(pg, n, err, true, e.Slot, src), src
+	// A page that is being written, or was seen written in its last stay, is installed
+	// writable and dirty: a write would otherwise cost a second round trip (the WP fault). Any
+	// other page is installed write-protected: its first write arrives as a WP fault and marks
+	// it dirty, so a page that is only read is later dropped without any write.
+	d := pagetable.Clean
+	switch {
+	case write:
+		d = pagetable.Written
+	case e.WasWritten:
+		d = pagetable.GuessWritten
 	}
-	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, uffd.CopyWP)
+	mode := uffd.CopyWP
+	if d != pagetable.Clean {
+		mode = 0
+	}
+	n, err := uffd.Copy(p.fd, pg, unsafe.Pointer(&buf[0]), ps, mode)
 	p.clock.installed(IoctlCopy)
-	return p.installed(pg, n, err, false, e.Slot, src), src
+	return p.installed(pg, n, err, d, e.Slot, src), src
 }
 
 // zeroFill serves the first touch of a page, filling a growing window of following
@@ -286,7 +292,7 @@ func (p *Process) zeroFill(pg uint64, write bool) outcome {
 		}
 		if n > 0 {
 			for i := int64(0); i < n/ps; i++ {
-				p.table.Install(pg+uint64(i)*ps, true, 0)
+				p.table.Install(pg+uint64(i)*ps, pagetable.Written, 0)
 			}
 			p.zero.filled(stream, pg+uint64(n))
 			p.rt.Stats.ZeroFills.Add(1)
@@ -299,9 +305,9 @@ func (p *Process) zeroFill(pg uint64, write bool) outcome {
 
 // installed finishes a one-page install of slot (or zeros if slot is 0) from src: the demand
 // re-fault of an evicted page, which tells the replacement policy the page is in use.
-func (p *Process) installed(pg uint64, n int64, err error, dirty bool, slot backend.Slot, src Source) outcome {
+func (p *Process) installed(pg uint64, n int64, err error, d pagetable.Dirt, slot backend.Slot, src Source) outcome {
 	if n == ps {
-		p.table.Refaulted(p.table.Install(pg, dirty, slot))
+		p.table.Refaulted(p.table.Install(pg, d, slot))
 		switch src {
 		case FromBackend:
 			p.rt.Stats.BackendFaults.Add(1)
@@ -371,7 +377,7 @@ func (p *Process) wpFault(pg uint64) outcome {
 	if !present {
 		return p.wake(pg)
 	}
-	t.Install(pg, true, e.Slot)
+	t.Install(pg, pagetable.Written, e.Slot)
 	return p.unprotect(pg)
 }
 
@@ -407,7 +413,7 @@ func (p *Process) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome
 	if n == ps {
 		p.rt.Stats.FromStaging.Add(1)
 	}
-	return p.installed(pg, n, err, true, 0, FromBackend)
+	return p.installed(pg, n, err, pagetable.Written, 0, FromBackend)
 }
 
 func (p *Process) unprotect(pg uint64) outcome {

@@ -20,8 +20,10 @@
 //	          InFlight: our own agent's DONTNEED of this page has not yet been seen as a REMOVE
 //	          event, so the next REMOVE covering it is ours, not the program's discard.
 //	          Zapping: the agent's madvise has not yet returned; the page may still be present.
-//	          WasWritten: the page was dirty when evicted; the fetcher predicts it will be
-//	          written again and installs it writable (and Dirty), saving the WP fault.
+//	          WasWritten: a write to the page was seen in its last stay; the fetcher predicts
+//	          it will be written again and installs it writable (Guessed), saving the WP
+//	          fault. A Guessed stay sees no write, so the stay after it is write-protected
+//	          again: a page written once is not rewritten at every eviction for ever after.
 //	          Prefetching: queued for the process's prefetch worker, so it is not queued
 //	          twice, and a fault on it waits for the worker instead of fetching it again;
 //	          the worker clears it when done with its batch, and any install resets it.
@@ -59,8 +61,12 @@ func present(s State) bool { return s == Resident || s == Evicting || s == Stage
 
 // Entry is one page's record.
 type Entry struct {
-	State    State
-	Dirty    bool
+	State State
+	Dirty bool
+	// Guessed: Dirty on WasWritten's word, not because a write was seen. The page was
+	// installed writable, so whether this stay writes it is unknown: evicting it writes it
+	// out, and sets no WasWritten.
+	Guessed  bool
 	InFlight bool
 	Zapping  bool
 	// WasWritten: Evicted pages only; see the package doc. A prediction, never a correctness bit.
@@ -134,10 +140,24 @@ func (t *PageTable) Len() int { return len(t.pages) }
 
 func (t *PageTable) addResident(n int) { t.mine += n; t.resident.Add(int64(n)) }
 
-// Install records page as present in the program: dirty with no slot (zero-fill, adoption),
-// or clean with slot (fetched and installed write-protected), and returns its entry. It takes
-// over the entry's slot reference when slot equals it; any other old slot is released.
-func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) *Entry {
+// Dirt is how an install leaves a page: what the evictor must do with its copy.
+type Dirt uint8
+
+const (
+	// Clean: installed write-protected with a current slot; the first write is a WP fault.
+	Clean Dirt = iota
+	// Written: installed writable because it is being written, or has no slot (zero-fill,
+	// adoption): the evictor copies it out.
+	Written
+	// GuessWritten: installed writable on WasWritten's prediction, with no write seen: the
+	// evictor copies it out, but its next stay starts write-protected to learn again.
+	GuessWritten
+)
+
+// Install records page as present in the program as d says (Clean needs its slot), and
+// returns its entry. It takes over the entry's slot reference when slot equals it; any other
+// old slot is released.
+func (t *PageTable) Install(page uint64, d Dirt, slot backend.Slot) *Entry {
 	e := t.pages[page]
 	if e == nil {
 		e = &Entry{}
@@ -149,7 +169,7 @@ func (t *PageTable) Install(page uint64, dirty bool, slot backend.Slot) *Entry {
 	if e.Slot != 0 && e.Slot != slot {
 		t.slots.Release(e.Slot)
 	}
-	*e = Entry{State: Resident, Dirty: dirty, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt}
+	*e = Entry{State: Resident, Dirty: d != Clean, Guessed: d == GuessWritten, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt}
 	t.fifo = append(t.fifo, victim{page, e.Seq})
 	return e
 }
@@ -216,8 +236,8 @@ func (t *PageTable) evicted(e *Entry, slot backend.Slot) {
 	if e.Slot != 0 && e.Slot != slot {
 		t.slots.Release(e.Slot)
 	}
-	e.WasWritten = e.Dirty
-	e.State, e.Slot, e.Dirty, e.Heat = Evicted, slot, false, 0 // a block mate may leave with heat left
+	e.WasWritten = e.Dirty && !e.Guessed
+	e.State, e.Slot, e.Dirty, e.Guessed, e.Heat = Evicted, slot, false, false, 0 // a block mate may leave with heat left
 	t.evictions++
 	e.EvictedAt = t.evictions
 }
@@ -379,7 +399,7 @@ func (t *PageTable) CloneFor() *PageTable {
 	c.pinLo, c.pinHi, c.VictimBlock, c.MaxHeat = t.pinLo, t.pinHi, t.VictimBlock, t.MaxHeat
 	c.staging, c.stagingEnd, c.evictions = t.staging, t.stagingEnd, t.evictions
 	for p, e := range t.pages {
-		ce := &Entry{State: e.State, Dirty: e.Dirty, Slot: e.Slot, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt}
+		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Slot: e.Slot, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt}
 		switch e.State {
 		case Evicting:
 			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's

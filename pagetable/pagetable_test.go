@@ -27,7 +27,7 @@ func store(t *testing.T, m *backend.Memory) backend.Slot {
 func TestRemovedOwnEvictionThenDiscard(t *testing.T) {
 	tb, m, res := newTable(t)
 	const pg = 0x10000
-	tb.Install(pg, true, 0)
+	tb.Install(pg, Written, 0)
 	if res.Load() != 1 {
 		t.Fatalf("resident %d, want 1", res.Load())
 	}
@@ -55,8 +55,8 @@ func TestRemovedOwnEvictionThenDiscard(t *testing.T) {
 func TestCloneSharesSlots(t *testing.T) {
 	tb, m, res := newTable(t)
 	s := store(t, m)
-	tb.Install(0x1000, false, s)
-	tb.Install(0x2000, true, 0)
+	tb.Install(0x1000, Clean, s)
+	tb.Install(0x2000, Written, 0)
 	tb.MarkEvicted(tb.Get(0x2000), store(t, m))
 	c := tb.CloneFor()
 	if res.Load() != 2 {
@@ -79,10 +79,10 @@ func TestVictimsFIFOAndPinned(t *testing.T) {
 	tb, _, _ := newTable(t)
 	tb.VictimBlock = 1
 	for _, p := range []uint64{0x5000, 0x1000, 0x3000, 0x2000} {
-		tb.Install(p, true, 0)
+		tb.Install(p, Written, 0)
 	}
 	tb.Pin(0x3000, 0x4000)
-	tb.Install(0x5000, true, 0) // re-installed: goes to the tail
+	tb.Install(0x5000, Written, 0) // re-installed: goes to the tail
 	got := tb.Victims(2, nil)
 	if len(got) != 2 || got[0] != 0x1000 || got[1] != 0x2000 {
 		t.Fatalf("victims %x, want [1000 2000] (FIFO, pinned page skipped, re-installed page last)", got)
@@ -93,21 +93,34 @@ func TestVictimsFIFOAndPinned(t *testing.T) {
 	}
 }
 
-// A page evicted dirty is predicted to be written again when it comes back; one evicted clean
-// is not; the prediction ends with the next install.
+// A page seen written is predicted to be written again when it comes back; one evicted clean
+// is not, nor one whose stay was installed writable on that prediction (no write was seen).
 func TestWasWrittenPrediction(t *testing.T) {
 	var resident atomic.Int64
 	tb := New(&resident, NewSlots(backend.NewMemory()))
-	tb.Install(0x1000, true, 0)
-	tb.Install(0x2000, false, 7)
+	tb.Install(0x1000, Written, 0)
+	tb.Install(0x2000, Clean, 7)
 	tb.MarkEvicted(tb.Get(0x1000), 5)
 	tb.MarkEvicted(tb.Get(0x2000), 7)
 	if !tb.Get(0x1000).WasWritten || tb.Get(0x2000).WasWritten {
 		t.Fatalf("WasWritten: dirty page %v, clean page %v; want true, false", tb.Get(0x1000).WasWritten, tb.Get(0x2000).WasWritten)
 	}
-	tb.Install(0x1000, true, 5)
+	tb.Install(0x1000, GuessWritten, 5)
+	if e := tb.Get(0x1000); e.WasWritten || !e.Dirty {
+		t.Fatalf("installed on the guess: WasWritten %v, Dirty %v; want false, true", e.WasWritten, e.Dirty)
+	}
+	// A stay installed writable on the guess saw no write: it is written out (Dirty), but the
+	// next stay must start write-protected, or a page written once is rewritten for ever.
+	tb.MarkEvicted(tb.Get(0x1000), 5)
 	if tb.Get(0x1000).WasWritten {
-		t.Fatal("WasWritten survived a re-install")
+		t.Fatal("WasWritten set by a stay that was installed writable on the guess")
+	}
+	// A write seen (WP fault: Dirty on a clean page) makes the guess again.
+	e := tb.Install(0x1000, Clean, 5)
+	e.Dirty = true
+	tb.MarkEvicted(e, 5)
+	if !tb.Get(0x1000).WasWritten {
+		t.Fatal("a write seen did not predict the next")
 	}
 }
 
@@ -116,8 +129,8 @@ func TestWasWrittenPrediction(t *testing.T) {
 func TestMoveDuringEviction(t *testing.T) {
 	var resident atomic.Int64
 	tb := New(&resident, NewSlots(backend.NewMemory()))
-	tb.Install(0x1000, true, 0)
-	tb.Install(0x2000, true, 0)
+	tb.Install(0x1000, Written, 0)
+	tb.Install(0x2000, Written, 0)
 	tb.Get(0x1000).State = Evicting
 	tb.MarkEvicted(tb.Get(0x2000), 0)
 	tb.Move(0x1000, 0x100000, 0x2000)
@@ -141,8 +154,8 @@ func TestMoveDuringEviction(t *testing.T) {
 func TestStagedCommitAndUnstage(t *testing.T) {
 	tb, m, res := newTable(t)
 	old := store(t, m)
-	tb.Install(0x1000, true, old) // dirty, with a stale slot
-	tb.Install(0x2000, true, 0)
+	tb.Install(0x1000, Written, old) // dirty, with a stale slot
+	tb.Install(0x2000, Written, 0)
 	a, b := tb.Get(0x1000), tb.Get(0x2000)
 	tb.Stage(a, 0)
 	tb.Stage(b, 1)
@@ -174,8 +187,8 @@ func TestStagedCommitAndUnstage(t *testing.T) {
 // address, queued to be chosen again should the batch put it back.
 func TestStagedDiscardAndRemap(t *testing.T) {
 	tb, _, res := newTable(t)
-	tb.Install(0x1000, true, 0)
-	tb.Install(0x2000, true, 0)
+	tb.Install(0x1000, Written, 0)
+	tb.Install(0x2000, Written, 0)
 	a, b := tb.Get(0x1000), tb.Get(0x2000)
 	tb.Stage(a, 0)
 	tb.Stage(b, 1)
@@ -199,8 +212,8 @@ func TestCloneOfStagedPages(t *testing.T) {
 	tb, m, _ := newTable(t)
 	tb.SetStaging(0x900000, 0x900000+256*backend.PageSize)
 	s := store(t, m)
-	tb.Install(0x1000, false, s) // clean
-	tb.Install(0x2000, true, store(t, m))
+	tb.Install(0x1000, Clean, s) // clean
+	tb.Install(0x2000, Written, store(t, m))
 	tb.Stage(tb.Get(0x1000), 0)
 	tb.Stage(tb.Get(0x2000), 5)
 	c := tb.CloneFor()
@@ -229,7 +242,7 @@ func TestVictimsByBlock(t *testing.T) {
 	tb, _, _ := newTable(t)
 	tb.VictimBlock = 4 // blocks of 0x4000 bytes
 	for _, p := range []uint64{0x9000, 0x1000, 0x5000, 0x2000, 0x3000, 0x4000, 0x6000, 0x7000, 0xa000} {
-		tb.Install(p, true, 0)
+		tb.Install(p, Written, 0)
 	}
 	tb.Pin(0x6000, 0x7000)
 	tb.MarkEvicted(tb.Get(0xa000), 0) // not resident: never a victim

@@ -38,7 +38,7 @@ func simulateRuns(trace []int, capPages, maxHeat, block int) (faults, runs int) 
 			continue
 		}
 		faults++
-		if ne := tb.Install(p, true, 0); e != nil {
+		if ne := tb.Install(p, Written, 0); e != nil {
 			tb.Refaulted(ne)
 		}
 		for tb.Resident() > capPages {
@@ -180,19 +180,19 @@ func TestRefaultedEarnsPasses(t *testing.T) {
 			return v[0]
 		}
 		for p := uint64(hot); p < hot+8*ps; p += ps {
-			tb.Install(p, true, 0)
+			tb.Install(p, Written, 0)
 		}
 		if v := evictOne(); v != hot {
 			t.Fatalf("first victim %#x, want the oldest %#x", v, hot)
 		}
 		// Faulted back at once: 1 eviction since, 7 pages resident.
-		tb.Refaulted(tb.Install(hot, true, 0))
+		tb.Refaulted(tb.Install(hot, Written, 0))
 		if e := tb.Get(hot); e.Level != min(1, maxHeat) || e.Heat != e.Level {
 			t.Fatalf("MaxHeat %d: after a quick re-fault %+v, want level and heat %d", maxHeat, e, min(1, maxHeat))
 		}
 		// Two pages come after it. With heat it is passed over once, and goes after them too.
-		tb.Install(hot+8*ps, true, 0)
-		tb.Install(hot+9*ps, true, 0)
+		tb.Install(hot+8*ps, Written, 0)
+		tb.Install(hot+9*ps, Written, 0)
 		var order []uint64
 		for range 10 {
 			order = append(order, evictOne())
@@ -207,12 +207,12 @@ func TestRefaultedEarnsPasses(t *testing.T) {
 		// Faulted back after three more pages came and went, with nothing resident: far (a pass
 		// was 0 pages long). It starts over.
 		for p := uint64(hot + 16*ps); p < hot+19*ps; p += ps {
-			tb.Install(p, true, 0)
+			tb.Install(p, Written, 0)
 		}
 		for range 3 {
 			evictOne()
 		}
-		tb.Refaulted(tb.Install(hot, true, 0))
+		tb.Refaulted(tb.Install(hot, Written, 0))
 		if e := tb.Get(hot); e.Level != 0 || e.Heat != 0 {
 			t.Fatalf("MaxHeat %d: after a late re-fault %+v, want level 0", maxHeat, e)
 		}
@@ -227,7 +227,7 @@ func TestVictimsWhenAllHot(t *testing.T) {
 	const n = 4096
 	for i := range uint64(n) {
 		p := 0x100000 + i*backend.PageSize
-		tb.Install(p, true, 0)
+		tb.Install(p, Written, 0)
 		tb.Get(p).Heat = 15
 	}
 	if v := tb.Victims(4, nil); len(v) != 4 {
