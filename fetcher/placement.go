@@ -35,6 +35,11 @@ import (
 // held to a CPU farmem pinned to the program's affinity again (orig). A program thread that the
 // program itself pinned to such a CPU is widened too: the price of not tracking its own calls.
 //
+// A program that stops paging gets its thread back: pinned, it could not be balanced away
+// from a CPU other work needs. After quietSpell with no fault, the pinned thread gets the
+// program's affinity again (quiet, called from the fault thread's loop); if it faults again,
+// the next check pins it anew.
+//
 // The shim's agent thread goes to the same CPU. It is ours, not the program's: it only runs
 // evictions. Each run a drop madvise(DONTNEED)s blocks in the kernel until the fault thread
 // reads the REMOVE event, so a batch of n non-contiguous runs dropped is n round trips between
@@ -50,12 +55,40 @@ type placement struct {
 	orig   unix.CPUSet
 	pinned int  // the program thread farmem pinned; 0 = none
 	shared bool // a second thread has faulted: the program is left where it runs
+	// seen is faults when quiet last saw them change, at quietSince (nanotime): while pinned,
+	// a spell of quietSpell with no new fault unpins.
+	seen       int
+	quietSince int64
 	// used has bit c set once farmem pinned a program thread to CPU c (< 64): what a fork
 	// child or a new image may have inherited from us. Read by other goroutines (Attach).
 	used atomic.Uint64
 }
 
 const checkEvery = 512
+
+// quietSpell is how long a pinned thread may go without a fault before it is unpinned: long
+// enough that a program paging steadily never sees it (its faults come every few
+// microseconds to milliseconds), short enough that one done with paging is soon free again.
+const quietSpell = 1_000_000_000 // ns
+
+// quiet runs on the fault thread each time its poll returns with no fault waiting, and at
+// least every quietSpell/2 while a thread is pinned (serve): it unpins the thread
+// after quietSpell without a fault.
+func (pl *placement) quiet(now int64) {
+	if pl.pinned == 0 {
+		return
+	}
+	if pl.faults != pl.seen {
+		pl.seen, pl.quietSince = pl.faults, now
+		return
+	}
+	if now-pl.quietSince < quietSpell {
+		return
+	}
+	unix.SchedSetaffinity(pl.pinned, &pl.orig) // a thread that exited meanwhile: ESRCH
+	pl.pinned = 0
+}
+
 
 func newPlacement() placement { return placement{cpu: -1} }
 

@@ -53,13 +53,19 @@ func (p *Process) serve() {
 		{Fd: int32(p.room), Events: unix.POLLIN},
 	}
 	var counter [8]byte
+	var wait unix.Timespec
 	for {
 		// Pending faults wait for one of three things, each of which wakes this poll: an
 		// unread event (it is on the uffd), the evictor making room or finishing a drop (it
 		// writes p.room, see WakeIfWaiting), or a fork child's pid (rare: the timeout).
 		var timeout *unix.Timespec
-		if len(pending) > 0 {
-			timeout = &unix.Timespec{Nsec: 1_000_000}
+		switch {
+		case len(pending) > 0:
+			wait, timeout = unix.Timespec{Nsec: 1_000_000}, &wait
+		case p.place.pinned != 0:
+			// A pinned thread is unpinned after a quiet spell: look at least twice a spell.
+			p.place.quiet(nanotime())
+			wait, timeout = unix.Timespec{Nsec: quietSpell / 2}, &wait
 		}
 		if _, err := unix.Ppoll(pfd, timeout, nil); err != nil && err != unix.EINTR {
 			p.Fail(fmt.Errorf("poll uffd: %w", err))
