@@ -29,6 +29,7 @@ package evictor
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -154,7 +155,11 @@ type Evictor struct {
 	rest    []uint64           // the victims the agent did not move
 	remote  []unix.RemoteIovec
 	slots   []backend.Slot
+	sums    []uint32 // the copied pages' CRC-32C
 }
+
+// castagnoli is CRC-32C's table: the checksum the CPU computes in hardware (~0.2 us a page here).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // New sizes the watermarks for a cap. Eviction starts head/2 below the cap and a round stops
 // head below it: the room between High and the cap absorbs the faults that come while a batch
@@ -169,7 +174,7 @@ func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func
 	return &Evictor{
 		CapPages: capPages, High: capPages - head/2, Low: capPages - head, Resident: resident,
 		Targets: targets, Backend: b, Kick: make(chan struct{}, 1),
-		buf: make([]byte, BatchPages*uffd.PageSize), slots: make([]backend.Slot, BatchPages),
+		buf: make([]byte, BatchPages*uffd.PageSize), slots: make([]backend.Slot, BatchPages), sums: make([]uint32, BatchPages),
 		status: make([]byte, BatchPages),
 	}
 }
@@ -429,6 +434,12 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		}
 	}
 	mark(&rec.Copy)
+	// Checksum what was copied: the page table learns from it whether a page installed
+	// writable on a guess was written (pagetable's Copied).
+	sums := e.sums[:n]
+	for i := range sums {
+		sums[i] = crc32.Checksum(e.buf[i*uffd.PageSize:(i+1)*uffd.PageSize], castagnoli)
+	}
 	// Store the non-zero pages; an all-zero page needs no copy (slot 0).
 	slots := e.slots[:n]
 	var nz []int
@@ -474,6 +485,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		slot := en.Slot // clean
 		if next < nStaged && stagedDirty[next] == k {
 			slot = slots[next]
+			sum := sums[next]
 			next++
 			if en.State != pagetable.Staged {
 				if slot != 0 {
@@ -481,6 +493,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 				}
 				continue
 			}
+			tb.Copied(en, sum)
 			written(slot)
 		} else if en.State != pagetable.Staged {
 			continue
@@ -499,6 +512,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			}
 			continue
 		}
+		tb.Copied(en, sums[nStaged+i])
 		tb.MarkEvicted(en, slot)
 		drop = append(drop, p)
 		written(slot)

@@ -89,7 +89,6 @@ func (pl *placement) quiet(now int64) {
 	pl.pinned = 0
 }
 
-
 func newPlacement() placement { return placement{cpu: -1} }
 
 // fault notes a fault by tid of process pid, whose agent thread is agent (0: none yet); it

@@ -20,10 +20,12 @@
 //	          InFlight: our own agent's DONTNEED of this page has not yet been seen as a REMOVE
 //	          event, so the next REMOVE covering it is ours, not the program's discard.
 //	          Zapping: the agent's madvise has not yet returned; the page may still be present.
-//	          WasWritten: a write to the page was seen in its last stay; the fetcher predicts
-//	          it will be written again and installs it writable (Guessed), saving the WP
-//	          fault. A Guessed stay sees no write, so the stay after it is write-protected
-//	          again: a page written once is not rewritten at every eviction for ever after.
+//	          WasWritten: the page was written in its last stay; the fetcher predicts it will
+//	          be written again and installs it writable (Guessed), saving the WP fault. A
+//	          Guessed stay sees no WP fault, so the evictor tells instead: if the content it
+//	          copies out still has the checksum it was stored with (Sum, see Copied), the stay
+//	          did not write it, and the next one starts write-protected. A page written once
+//	          is then dropped clean, and one written at every stay never takes a WP fault.
 //	          Prefetching: queued for the process's prefetch worker, so it is not queued
 //	          twice, and a fault on it waits for the worker instead of fetching it again;
 //	          the worker clears it when done with its batch, and any install resets it.
@@ -64,8 +66,8 @@ type Entry struct {
 	State State
 	Dirty bool
 	// Guessed: Dirty on WasWritten's word, not because a write was seen. The page was
-	// installed writable, so whether this stay writes it is unknown: evicting it writes it
-	// out, and sets no WasWritten.
+	// installed writable, so no WP fault tells whether this stay writes it: evicting it
+	// writes it out, and sets WasWritten only if Copied saw its content change.
 	Guessed  bool
 	InFlight bool
 	Zapping  bool
@@ -81,13 +83,16 @@ type Entry struct {
 	// are kept while the page is evicted, so they survive the stay they measure. Never
 	// correctness bits.
 	Heat, Level uint8
-	// EvictedAt is the table's eviction count when the page was last evicted: its re-fault
-	// distance is the evictions since (see Refaulted).
-	EvictedAt uint32
 	// Stage is 1 + the page's index in the staging area: Staged pages, and the Evicted pages
 	// of a fork child that the parent had Staged (see the package doc).
 	Stage uint16
-	Slot  backend.Slot
+	// EvictedAt is the table's eviction count when the page was last evicted: its re-fault
+	// distance is the evictions since (see Refaulted).
+	EvictedAt uint32
+	// Sum is the CRC-32C of the content the evictor last copied out (see Copied): its slot's,
+	// unless that eviction was abandoned. A prediction's input, never a correctness bit.
+	Sum  uint32
+	Slot backend.Slot
 }
 
 type victim struct {
@@ -150,7 +155,7 @@ const (
 	// adoption): the evictor copies it out.
 	Written
 	// GuessWritten: installed writable on WasWritten's prediction, with no write seen: the
-	// evictor copies it out, but its next stay starts write-protected to learn again.
+	// evictor copies it out, and its checksum tells whether the guess was right (Copied).
 	GuessWritten
 )
 
@@ -169,7 +174,7 @@ func (t *PageTable) Install(page uint64, d Dirt, slot backend.Slot) *Entry {
 	if e.Slot != 0 && e.Slot != slot {
 		t.slots.Release(e.Slot)
 	}
-	*e = Entry{State: Resident, Dirty: d != Clean, Guessed: d == GuessWritten, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt}
+	*e = Entry{State: Resident, Dirty: d != Clean, Guessed: d == GuessWritten, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt, Sum: e.Sum}
 	t.fifo = append(t.fifo, victim{page, e.Seq})
 	return e
 }
@@ -206,6 +211,18 @@ func (t *PageTable) Discard(page uint64) {
 	}
 	e.State = 0 // for whoever holds the pointer: an eviction batch
 	delete(t.pages, page)
+}
+
+// Copied records the checksum of e's content as the evictor copied it out, just before it
+// commits the eviction. A page installed writable on the guess (Guessed) whose content still
+// has the sum it was stored with was not written this stay, as far as a checksum can tell, so
+// WasWritten will not be set; one whose content changed was written: a write seen, as a WP
+// fault would have shown. A collision costs at most one WP fault, never data.
+func (t *PageTable) Copied(e *Entry, sum uint32) {
+	if e.Guessed && sum != e.Sum {
+		e.Guessed = false
+	}
+	e.Sum = sum
 }
 
 // MarkEvicted records that page's content now lives in slot (the entry's old slot, if
@@ -399,7 +416,7 @@ func (t *PageTable) CloneFor() *PageTable {
 	c.pinLo, c.pinHi, c.VictimBlock, c.MaxHeat = t.pinLo, t.pinHi, t.VictimBlock, t.MaxHeat
 	c.staging, c.stagingEnd, c.evictions = t.staging, t.stagingEnd, t.evictions
 	for p, e := range t.pages {
-		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Slot: e.Slot, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt}
+		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Slot: e.Slot, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt, Sum: e.Sum}
 		switch e.State {
 		case Evicting:
 			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's

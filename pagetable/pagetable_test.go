@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/farmem/farmem/backend"
 )
@@ -94,7 +95,7 @@ func TestVictimsFIFOAndPinned(t *testing.T) {
 }
 
 // A page seen written is predicted to be written again when it comes back; one evicted clean
-// is not, nor one whose stay was installed writable on that prediction (no write was seen).
+// is not, nor one installed writable on that prediction whose content did not change.
 func TestWasWrittenPrediction(t *testing.T) {
 	var resident atomic.Int64
 	tb := New(&resident, NewSlots(backend.NewMemory()))
@@ -105,22 +106,41 @@ func TestWasWrittenPrediction(t *testing.T) {
 	if !tb.Get(0x1000).WasWritten || tb.Get(0x2000).WasWritten {
 		t.Fatalf("WasWritten: dirty page %v, clean page %v; want true, false", tb.Get(0x1000).WasWritten, tb.Get(0x2000).WasWritten)
 	}
-	tb.Install(0x1000, GuessWritten, 5)
-	if e := tb.Get(0x1000); e.WasWritten || !e.Dirty {
-		t.Fatalf("installed on the guess: WasWritten %v, Dirty %v; want false, true", e.WasWritten, e.Dirty)
+	// The content stored at that eviction had sum 11.
+	tb.Get(0x1000).Sum = 11
+	e := tb.Install(0x1000, GuessWritten, 5)
+	if e.WasWritten || !e.Dirty || e.Sum != 11 {
+		t.Fatalf("installed on the guess: WasWritten %v, Dirty %v, Sum %d; want false, true, 11", e.WasWritten, e.Dirty, e.Sum)
 	}
-	// A stay installed writable on the guess saw no write: it is written out (Dirty), but the
-	// next stay must start write-protected, or a page written once is rewritten for ever.
-	tb.MarkEvicted(tb.Get(0x1000), 5)
-	if tb.Get(0x1000).WasWritten {
-		t.Fatal("WasWritten set by a stay that was installed writable on the guess")
-	}
-	// A write seen (WP fault: Dirty on a clean page) makes the guess again.
-	e := tb.Install(0x1000, Clean, 5)
-	e.Dirty = true
+	// Installed writable on the guess, its content changed (sum 12): a write seen.
+	tb.Copied(e, 12)
 	tb.MarkEvicted(e, 5)
-	if !tb.Get(0x1000).WasWritten {
+	if !e.WasWritten || e.Sum != 12 {
+		t.Fatalf("a guessed stay that changed the content: WasWritten %v, Sum %d; want true, 12", e.WasWritten, e.Sum)
+	}
+	// Installed on the guess again, and copied out unchanged: the guess was wrong, and the
+	// next stay must start write-protected, or a page written once is rewritten for ever.
+	e = tb.Install(0x1000, GuessWritten, 5)
+	tb.Copied(e, 12)
+	tb.MarkEvicted(e, 5)
+	if e.WasWritten {
+		t.Fatal("WasWritten set by a guessed stay whose content did not change")
+	}
+	// A write seen by a WP fault (Dirty on a clean page) makes the guess again, whatever
+	// the sum: the guess is learned only on guessed stays.
+	e = tb.Install(0x1000, Clean, 5)
+	e.Dirty = true
+	tb.Copied(e, 12)
+	tb.MarkEvicted(e, 5)
+	if !e.WasWritten {
 		t.Fatal("a write seen did not predict the next")
+	}
+}
+
+// Entry stays 32 bytes: one per page tracked, 8 MiB per GiB.
+func TestEntrySize(t *testing.T) {
+	if n := unsafe.Sizeof(Entry{}); n != 32 {
+		t.Fatalf("Entry is %d bytes, want 32", n)
 	}
 }
 
