@@ -123,9 +123,14 @@ type Stats struct {
 
 // Evictor evicts pages when Resident exceeds the high watermark.
 type Evictor struct {
-	CapPages  int64         // the cap, in pages
-	High, Low int64         // start evicting above High, stop at Low
-	Resident  *atomic.Int64 // resident pages of all processes, as the page tables count them
+	CapPages int64 // the cap, in pages
+	// MaxHead is the most room a round leaves below the cap (see New); head is the room kept
+	// now, which starts at minHead and grows to MaxHead as faults wait for room (Waited):
+	// eviction starts head/2 below the cap and a round stops head below it.
+	MaxHead  int64
+	head     atomic.Int64
+	waited   atomic.Bool   // a fault waited at the cap since the last round looked (Waited)
+	Resident *atomic.Int64 // resident pages of all processes, as the page tables count them
 	// Unmanaged is what the kernel counts as the processes' anonymous memory beyond Resident:
 	// mappings the rescan has not found yet (glibc's internal mmap/brk), small ones, batches in
 	// flight. Sampled every 2 ms by the runtime. It counts against the cap too, so the cap
@@ -162,22 +167,46 @@ type Evictor struct {
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // New sizes the watermarks for a cap. Eviction starts head/2 below the cap and a round stops
-// head below it: the room between High and the cap absorbs the faults that come while a batch
-// is in flight. What that room must hold is the fault rate times a batch's time (10-30k faults
-// a second and 4-7 ms here: 50-200 pages), which does not grow with the cap, so head is two
-// batches at most (1/16 of a small cap, at least 64 pages). Every page of headroom is one that a
-// program whose footprint is just under its cap cannot keep, and a loop over such a footprint
-// misses on every page once any of it is evicted: with 1/16 of the cap, up to 4096 pages,
-// micro's 64 MiB scan under a 66 MiB cap evicted 56 MiB where Linux swap evicted nothing.
+// head below it: the room between the high watermark and the cap absorbs the faults that come
+// while a batch is in flight. What that room must hold is the fault rate times a batch's time
+// (10-30k faults a second and 4-7 ms here: 50-200 pages), which does not grow with the cap, so
+// the head grows to two batches at most (MaxHead; 1/16 of a small cap, at least 64 pages).
+//
+// It starts at minHead, not there. Every page of headroom is one that a program whose
+// footprint is just under its cap cannot keep, and a loop over such a footprint misses on
+// every page once any of it is evicted: pagerank's 64 MiB at a 65 MiB cap (its peak) faulted
+// 3.3k times and ran at half its speed with two batches of room, and did not page at all with
+// 64 pages. Only a program that pages steadily needs the room, and it shows it: its faults
+// wait at the cap. So each round that finds a fault waited since the last doubles the head,
+// up to MaxHead (micro's random walk ran 25 % slower with 64 pages of room for good).
 func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func() []Target) *Evictor {
-	head := max(64, min(capPages/16, 2*BatchPages))
-	return &Evictor{
-		CapPages: capPages, High: capPages - head/2, Low: capPages - head, Resident: resident,
+	maxHead := max(minHead, min(capPages/16, 2*BatchPages))
+	e := &Evictor{
+		CapPages: capPages, MaxHead: maxHead, Resident: resident,
 		Targets: targets, Backend: b, Kick: make(chan struct{}, 1),
 		buf: make([]byte, BatchPages*uffd.PageSize), slots: make([]backend.Slot, BatchPages), sums: make([]uint32, BatchPages),
 		status: make([]byte, BatchPages),
 	}
+	e.head.Store(minHead)
+	return e
 }
+
+// minHead is the room a run starts with, in pages (see New).
+const minHead = 64
+
+// Waited tells the evictor that a fault had to wait at the cap for room: the program pages
+// steadily, and the next round grows the head. Called by the fault path, lock-free.
+func (e *Evictor) Waited() { e.waited.Store(true) }
+
+// grow doubles the head, up to MaxHead, if a fault waited since the last call.
+func (e *Evictor) grow() {
+	if e.waited.Swap(false) {
+		e.head.Store(min(2*e.head.Load(), e.MaxHead))
+	}
+}
+
+// Head is the room kept below the cap now, in pages.
+func (e *Evictor) Head() int64 { return e.head.Load() }
 
 // Loop evicts until stop is closed. It sleeps until kicked (a fault thread or the runtime's
 // RSS poll sees pressure); only when a pass leaves it over High with nothing it could take
@@ -198,6 +227,7 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 		case <-e.Kick:
 		case <-retry.C:
 		}
+		e.grow()
 		for e.Used() > e.HighWater() {
 			t := e.largest()
 			if t == nil {
@@ -211,6 +241,7 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 			for _, w := range e.Targets() {
 				w.WakeIfWaiting()
 			}
+			e.grow()
 			if e.Stats.Evicted() == before {
 				// Nothing could go (every victim pinned, unmapped meanwhile, or the excess is
 				// Unmanaged with nothing tracked left): look again later rather than spin.
@@ -229,11 +260,11 @@ func (s *Stats) Evicted() int64 { return s.Written.Load() + s.Dropped.Load() + s
 // Used is the pages counted against the cap.
 func (e *Evictor) Used() int64 { return e.Resident.Load() + e.Unmanaged.Load() + e.Cached.Load() }
 
-// HighWater is where eviction starts: High less the reserve.
-func (e *Evictor) HighWater() int64 { return e.High - e.Reserve.Load() }
+// HighWater is where eviction starts: half the head below the cap, less the reserve.
+func (e *Evictor) HighWater() int64 { return e.CapPages - e.head.Load()/2 - e.Reserve.Load() }
 
-// LowWater is where a round of eviction stops: Low less the reserve.
-func (e *Evictor) LowWater() int64 { return e.Low - e.Reserve.Load() }
+// LowWater is where a round of eviction stops: the head below the cap, less the reserve.
+func (e *Evictor) LowWater() int64 { return e.CapPages - e.head.Load() - e.Reserve.Load() }
 
 // Limit is what Used may reach before program faults wait for the evictor: the cap less the
 // reserve.

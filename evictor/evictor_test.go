@@ -1,27 +1,45 @@
 package evictor
 
 import (
+	"fmt"
 	"sync/atomic"
 	"testing"
 )
 
-// The evictor leaves a program at most two batches below its cap, whatever the cap: a footprint
-// that fits under the cap with 2 MiB to spare is never evicted from, and small caps keep 1/16.
+// The evictor starts with 64 pages of room below the cap, so a footprint that fits under its cap
+// with 256 KiB to spare is never evicted from. Faults that wait at the cap double the room, a
+// round at a time, up to two batches (1/16 of a small cap), whatever the cap.
 func TestWatermarksStayNearTheCap(t *testing.T) {
 	var resident atomic.Int64
-	for _, c := range []struct{ capPages, high, low int64 }{
-		{4096, 4096 - 128, 4096 - 256},                      // 16 MiB: 1/16
-		{16896, 16896 - 256, 16896 - 512},                   // 66 MiB: two batches, not 1/16 (1056)
-		{262144, 262144 - 256, 262144 - 512},                // 1 GiB
-		{8 << 20, 8<<20 - BatchPages, 8<<20 - 2*BatchPages}, // 32 GiB
-		{512, 512 - 32, 512 - 64},                           // the smallest head: 64 pages
+	for _, c := range []struct{ capPages, maxHead int64 }{
+		{4096, 256},               // 16 MiB: 1/16
+		{16896, 512},              // 66 MiB: two batches, not 1/16 (1056)
+		{262144, 512},             // 1 GiB
+		{8 << 20, 2 * BatchPages}, // 32 GiB
+		{512, 64},                 // the smallest head: 64 pages
 	} {
 		e := New(c.capPages, &resident, nil, nil)
-		if e.High != c.high || e.Low != c.low {
-			t.Errorf("cap %d pages: High %d, Low %d; want %d, %d", c.capPages, e.High, e.Low, c.high, c.low)
+		if e.MaxHead != c.maxHead {
+			t.Errorf("cap %d pages: MaxHead %d, want %d", c.capPages, e.MaxHead, c.maxHead)
 		}
-		if e.HighWater() != e.High || e.Limit() != c.capPages {
-			t.Errorf("cap %d pages: with no reserve, HighWater %d (want High %d), Limit %d (want the cap)", c.capPages, e.HighWater(), e.High, e.Limit())
+		check := func(when string, head int64) {
+			t.Helper()
+			if e.HighWater() != c.capPages-head/2 || e.LowWater() != c.capPages-head || e.Limit() != c.capPages {
+				t.Errorf("cap %d pages, %s: HighWater %d, LowWater %d, Limit %d; want %d, %d, %d", c.capPages, when,
+					e.HighWater(), e.LowWater(), e.Limit(), c.capPages-head/2, c.capPages-head, c.capPages)
+			}
 		}
+		check("at the start", 64)
+		e.grow()
+		check("no fault waited", 64)
+		for head := int64(64); head < c.maxHead; {
+			head = min(2*head, c.maxHead)
+			e.Waited()
+			e.grow()
+			check(fmt.Sprintf("after a wait, head %d", head), head)
+		}
+		e.Waited()
+		e.grow()
+		check("at the most", c.maxHead)
 	}
 }

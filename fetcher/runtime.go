@@ -595,12 +595,12 @@ func (rt *Runtime) armedInterval() time.Duration {
 	return fastestPoll
 }
 
-// nearCapPages is the watch's second threshold: as far below the evictor's low watermark as
-// that is below the cap. A paging run stays above it (eviction stops at the low watermark), so
+// nearCapPages is the watch's second threshold: as far below the evictor's lowest low watermark
+// as that is below the cap. A paging run stays above it (eviction stops at the low watermark), so
 // its crossings, each a wakeup of farmem's, come only when the programs' memory really falls
 // or rises, not with every batch; one at the low watermark itself fired twice a batch and cost
 // micro's random walk 10-30 %.
-func (rt *Runtime) nearCapPages() int64 { return 2*rt.Evictor.Low - rt.CapPages }
+func (rt *Runtime) nearCapPages() int64 { return rt.CapPages - 2*rt.Evictor.MaxHead }
 
 // arm registers every process's mappings. Until the pages already present are adopted,
 // Resident undercounts them and the cap cannot hold back new faults, so program faults wait

@@ -133,6 +133,9 @@ func (p *Process) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 			// cannot take its pages, and holding its faults would hold the thread that is
 			// starting its agent (a redis BGSAVE child's inherited pages, counted again for
 			// it, once kept every fault of the run waiting for room that never came).
+			if !p.rt.arming.Load() {
+				p.rt.Evictor.Waited() // at the cap, not arming: the evictor keeps more room
+			}
 			p.rt.kickEvictor()
 			o = retry
 		default:
