@@ -71,9 +71,9 @@ const checkEvery = 512
 // microseconds to milliseconds), short enough that one done with paging is soon free again.
 const quietSpell = 1_000_000_000 // ns
 
-// quiet runs on the fault thread each time its poll returns with no fault waiting, and at
-// least every quietSpell/2 while a thread is pinned (serve): it unpins the thread
-// after quietSpell without a fault.
+// quiet runs on the fault thread at each turn of its loop with no fault pending while a thread
+// is pinned, and the loop's poll then wakes at least every quietSpell/2 (serve): it unpins the
+// thread after quietSpell without a fault.
 func (pl *placement) quiet(now int64) {
 	if pl.pinned == 0 {
 		return
