@@ -40,7 +40,7 @@
 package pagetable
 
 import (
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -118,7 +118,8 @@ type PageTable struct {
 	// MaxHeat bounds Entry.Heat: how many extra passes through the victim queue a page in use
 	// may earn (0: plain FIFO). Set before use.
 	MaxHeat   uint8
-	evictions uint32 // protected by mu; pages evicted so far, the clock of re-fault distances
+	evictions uint32          // protected by mu; pages evicted so far, the clock of re-fault distances
+	taken     map[uint64]bool // protected by mu; Victims' scratch set, kept between calls
 	// staging, stagingEnd: the process's staging area (see Staged), or the one inherited
 	// from the parent in a fork child. Never adopted or evicted: its pages are not the
 	// program's. Protected by mu.
@@ -337,7 +338,11 @@ func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 	out = out[:0]
 	var taken map[uint64]bool
 	if t.VictimBlock > 1 {
-		taken = make(map[uint64]bool, n)
+		if t.taken == nil {
+			t.taken = make(map[uint64]bool, n)
+		}
+		clear(t.taken) // keeps its buckets: no allocation per batch
+		taken = t.taken
 	}
 	take := func(p uint64) {
 		out = append(out, p)
@@ -377,7 +382,7 @@ func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 		t.fifo = append(t.fifo[:0], t.fifo[t.head:]...)
 		t.head = 0
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	slices.Sort(out)
 	return out
 }
 
