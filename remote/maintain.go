@@ -19,13 +19,19 @@ import (
 func (s *Store) allocate(ctx context.Context) (*slab, error) {
 	s.growMu.Lock()
 	defer s.growMu.Unlock()
+	var errs []string // why the last slab got no replica
 	for {
 		cs, err := s.ctrl.AllocSlab(ctx, s.session.ID, s.cfg.Replicas)
 		if err != nil {
+			if ctx.Err() != nil && len(errs) > 0 {
+				// The time ran out between two tries (so this request failed at once): the
+				// servers' refusals are the cause, not the ctrl.
+				return nil, fmt.Errorf("no memory server could take a slab: %s", strings.Join(errs, "; "))
+			}
 			return nil, fmt.Errorf("no room for evicted pages in the cluster: %w", err)
 		}
 		sl := newSlab(cs.ID, cs.Pages)
-		var errs []string
+		errs = errs[:0]
 		for _, r := range cs.Replicas {
 			srv := s.servers.get(r.Server, r.Addr)
 			if err := s.create(srv, &r.Grant); err != nil {
