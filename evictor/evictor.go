@@ -205,9 +205,6 @@ func (e *Evictor) grow() {
 	}
 }
 
-// Head is the room kept below the cap now, in pages.
-func (e *Evictor) Head() int64 { return e.head.Load() }
-
 // Loop evicts until stop is closed. It sleeps until kicked (a fault thread or the runtime's
 // RSS poll sees pressure); only when a pass leaves it over High with nothing it could take
 // does it look again on its own, after retryAfter. A program below its cap costs it nothing.

@@ -204,7 +204,7 @@ type prefetchWork struct {
 	entry [MaxPrefetchBatch]*pagetable.Entry
 	seq   [MaxPrefetchBatch]uint32
 	slot  [MaxPrefetchBatch]backend.Slot
-	dirty [MaxPrefetchBatch]bool // seen written in its last stay: installed writable (GuessWritten), as a demand fault would
+	dirt  [MaxPrefetchBatch]pagetable.Dirt // how to install it, as a read fault would (Refetch)
 }
 
 // choose takes the pages of b that are still evicted with a stored copy, in address order
@@ -220,7 +220,7 @@ func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
 		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
 			continue
 		}
-		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirty[w.n] = a, e, e.Seq, e.Slot, e.WasWritten
+		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirt[w.n] = a, e, e.Seq, e.Slot, e.Refetch(false)
 		w.n++
 	}
 	if room := p.rt.Evictor.HighWater() - p.rt.Evictor.Used(); int64(w.n) > room {
@@ -251,7 +251,7 @@ func (p *Process) load(w *prefetchWork, buf []byte) int {
 		if store.Load(w.slot[i], buf[n*ps:(n+1)*ps]) != nil {
 			continue
 		}
-		w.addr[n], w.entry[n], w.seq[n], w.slot[n], w.dirty[n] = w.addr[i], w.entry[i], w.seq[i], w.slot[i], w.dirty[i]
+		w.addr[n], w.entry[n], w.seq[n], w.slot[n], w.dirt[n] = w.addr[i], w.entry[i], w.seq[i], w.slot[i], w.dirt[i]
 		n++
 	}
 	return n
@@ -280,7 +280,7 @@ func (p *Process) install(w *prefetchWork, buf []byte, n int) {
 	for i := 0; i < n; {
 		// The longest run of contiguous pages from i, each unchanged, all of one mode.
 		j := i
-		for j < n && p.unchanged(w, j) && (j == i || w.addr[j] == w.addr[j-1]+ps && w.dirty[j] == w.dirty[i]) {
+		for j < n && p.unchanged(w, j) && (j == i || w.addr[j] == w.addr[j-1]+ps && w.dirt[j] == w.dirt[i]) {
 			j++
 		}
 		if j == i {
@@ -288,18 +288,14 @@ func (p *Process) install(w *prefetchWork, buf []byte, n int) {
 			continue
 		}
 		mode := uffd.CopyDontWake | uffd.CopyWP
-		if w.dirty[i] {
+		if w.dirt[i] != pagetable.Clean {
 			mode = uffd.CopyDontWake
 		}
 		c, err := uffd.Copy(p.fd, w.addr[i], unsafe.Pointer(&buf[i*ps]), uint64(j-i)*ps, mode)
 		k := i + int(max(c, 0)/ps)
 		p.rt.Stats.PrefetchInstalled.Add(int64(k - i))
 		for ; i < k; i++ {
-			d := pagetable.Clean
-			if w.dirty[i] {
-				d = pagetable.GuessWritten
-			}
-			p.table.Install(w.addr[i], d, w.slot[i])
+			p.table.Install(w.addr[i], w.dirt[i], w.slot[i])
 		}
 		if err == unix.EAGAIN {
 			return // an event is unread: the layout may be changing; the rest can fault

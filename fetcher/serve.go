@@ -255,18 +255,8 @@ func (p *Process) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		}
 		p.clock.mark(&p.clock.fetch)
 	}
-	// A page that is being written, or was written in its last stay (WasWritten), is installed
-	// writable and dirty: a write would otherwise cost a second round trip (the WP fault). Any
-	// other page is installed write-protected: its first write arrives as a WP fault and marks
-	// it dirty, so a page that is only read is later dropped without any write.
-	d := pagetable.Clean
-	switch {
-	case write:
-		d = pagetable.Written
-	case e.WasWritten:
-		d = pagetable.GuessWritten
-	}
-	mode := uffd.CopyWP
+	d := e.Refetch(write)
+	mode := uffd.CopyWP // Clean: the first write arrives as a WP fault
 	if d != pagetable.Clean {
 		mode = 0
 	}

@@ -160,6 +160,20 @@ const (
 	GuessWritten
 )
 
+// Refetch is how an evicted page brought back from its slot is installed: Written if this
+// fault writes it, GuessWritten if it was written in its last stay (WasWritten: a write would
+// otherwise cost a second round trip, the WP fault), else Clean, so that a page only read is
+// later dropped without any write.
+func (e *Entry) Refetch(write bool) Dirt {
+	switch {
+	case write:
+		return Written
+	case e.WasWritten:
+		return GuessWritten
+	}
+	return Clean
+}
+
 // Install records page as present in the program as d says (Clean needs its slot), and
 // returns its entry. It takes over the entry's slot reference when slot equals it; any other
 // old slot is released.
