@@ -36,7 +36,7 @@ type PrefetchCache struct {
 }
 
 type cacheKey struct {
-	p    *Process
+	f    *Fetcher
 	addr uint64
 }
 
@@ -57,10 +57,10 @@ func (c *PrefetchCache) Pages() int { return len(c.meta) }
 
 // put caches page j of w, read into src, pushing out the oldest prediction if the cache is
 // full. The page's table is locked by the caller.
-func (c *PrefetchCache) put(p *Process, w *prefetchWork, j int, src []byte) {
+func (c *PrefetchCache) put(f *Fetcher, w *prefetchWork, j int, src []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	k := cacheKey{p, w.addr[j]}
+	k := cacheKey{f, w.addr[j]}
 	if i, ok := c.fifo.Lookup(k); ok {
 		c.drop(i) // a newer read of the same page replaces it
 	}
@@ -82,20 +82,20 @@ func (c *PrefetchCache) drop(i int) {
 }
 
 // cached reports whether page addr of p is in the cache (stale or not): prediction skips it.
-func (c *PrefetchCache) cached(p *Process, addr uint64) bool {
+func (c *PrefetchCache) cached(f *Fetcher, addr uint64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	_, ok := c.fifo.Lookup(cacheKey{p, addr})
+	_, ok := c.fifo.Lookup(cacheKey{f, addr})
 	return ok
 }
 
 // take copies page addr of p into dst and frees its buffer at once (eager eviction), if the
 // cache holds it and it is still e as it was read. A stale copy is dropped. The page's table
 // is locked by the caller.
-func (c *PrefetchCache) take(p *Process, addr uint64, e *pagetable.Entry, dst []byte) bool {
+func (c *PrefetchCache) take(f *Fetcher, addr uint64, e *pagetable.Entry, dst []byte) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	i, found := c.fifo.Lookup(cacheKey{p, addr})
+	i, found := c.fifo.Lookup(cacheKey{f, addr})
 	if !found {
 		return false
 	}
@@ -109,10 +109,10 @@ func (c *PrefetchCache) take(p *Process, addr uint64, e *pagetable.Entry, dst []
 }
 
 // forget drops every page of p (it is retired: its pages are gone).
-func (c *PrefetchCache) forget(p *Process) {
+func (c *PrefetchCache) forget(f *Fetcher) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := c.fifo.Len()
-	c.fifo.RemoveIf(func(k cacheKey) bool { return k.p == p })
+	c.fifo.RemoveIf(func(k cacheKey) bool { return k.f == f })
 	c.Held.Add(int64(c.fifo.Len() - n))
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // cachePut caches page addr of p as entry e (slot 1) holding the byte fill.
-func cachePut(c *PrefetchCache, p *Process, addr uint64, e *pagetable.Entry, fill byte) {
+func cachePut(c *PrefetchCache, p *Fetcher, addr uint64, e *pagetable.Entry, fill byte) {
 	w := &prefetchWork{n: 1}
 	w.addr[0], w.entry[0], w.seq[0], w.slot[0] = addr, e, e.Seq, e.Slot
 	c.put(p, w, 0, bytes.Repeat([]byte{fill}, ps))
@@ -23,7 +23,7 @@ func evicted(seq uint32) *pagetable.Entry {
 func TestPrefetchCache(t *testing.T) {
 	var held atomic.Int64
 	c := NewPrefetchCache(2, &held)
-	p, q := &Process{}, &Process{}
+	p, q := &Fetcher{}, &Fetcher{}
 	dst := make([]byte, ps)
 	a, b, d := evicted(1), evicted(1), evicted(1)
 

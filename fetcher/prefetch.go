@@ -9,32 +9,27 @@ import (
 
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/prefetch"
 	"github.com/farmem/farmem/uffd"
 )
 
-// Predictor is what the fault path needs of a prefetcher (package prefetch): fed one demand
-// access at a time, it names the pages to bring ahead of demand.
+// Prefetching, in two modes.
 //
-// Map mode (no Runtime.PrefetchCache) installs predicted pages straight into the program
-// (UFFDIO_COPY without a wake, write-protected unless the page was written in its last stay):
-// every fault costs a uffd round trip here, so a right guess that still faults, as in Leap's
-// cache mode (pcache.go), gives much of the gain away. The program's accesses to installed
-// pages are invisible, so the pages it used are inferred from where its next miss lands
-// (consumedBetween) and fed to the predictor as hits: its history holds the stream's real
-// deltas, not the gaps between misses, and its window grows with them as Leap's does with
-// cache hits. Cache mode sees its hits: they fault.
-type Predictor interface {
-	// Access feeds one access to page (a page number: address / PageSize); hit says the page
-	// was one this predictor had named. It appends its predictions to out, nearest first.
-	Access(page uint64, hit bool, out []uint64) []uint64
-}
+// Map mode (no Config.Cache) installs predicted pages straight into the program (UFFDIO_COPY
+// without a wake, write-protected unless the page was written in its last stay): a right guess
+// then costs the program no fault at all, where in Leap's cache mode (pcache.go) it still costs
+// a userfaultfd round trip, much of the gain (results/prefetch.md, "The default: leap in map
+// mode, a window of up to 32 pages"). The program's accesses to installed pages are invisible, so the pages it used are inferred
+// from where its next miss lands (consumedBetween) and fed to the prefetcher as hits: its
+// history holds the stream's real deltas, not the gaps between misses, and its window grows with
+// them as Leap's does with cache hits. Cache mode sees its hits: they fault.
 
 // MaxPrefetchBatch bounds the pages one demand fault may prefetch: a batch is one value on the
 // worker's channel (no allocation per fault) and one buffer of this many pages.
 const MaxPrefetchBatch = 32
 
 // prefetchBatch is one demand fault's predictions that were worth fetching: evicted pages with
-// a stored copy, marked Prefetching in the page table.
+// a stored copy, marked Fetching in the page table.
 type prefetchBatch struct {
 	n       int
 	pages   [MaxPrefetchBatch]uint64 // addresses
@@ -44,7 +39,7 @@ type prefetchBatch struct {
 // prefetchState is a process's prefetcher and what map mode remembers to infer hits. It is
 // touched only by the fault thread, under the page table's lock.
 type prefetchState struct {
-	pred     Predictor
+	pred     prefetch.Prefetcher
 	out      []uint64 // scratch for predictions
 	used     []uint64 // scratch for the pages inferred used
 	lastMiss uint64   // page number of the previous demand miss served from the backend
@@ -70,18 +65,18 @@ func newPrefetchScratch() *prefetchScratch {
 // the prefetch cache: it feeds the predictor and queues the predicted pages that are evicted
 // with a stored copy. Map mode cannot see hits, so it feeds those it infers the program used
 // since the last miss. The table is locked by the caller.
-func (p *Process) predict(pg uint64, hit bool) {
-	s := &p.pf
-	p.clock.mark(&p.clock.pfStart)
-	defer p.clock.mark(&p.clock.pfEnd)
+func (f *Fetcher) predict(pg uint64, hit bool) {
+	s := &f.pf
+	f.clock.mark(&f.clock.pfStart)
+	defer f.clock.mark(&f.clock.pfEnd)
 	page := pg / ps
-	cache := p.rt.PrefetchCache
+	cache := f.cache
 	if cache == nil && len(s.window) > 0 {
 		s.used = consumedBetween(s.lastMiss, s.window, page, s.used[:0])
 		for _, u := range s.used {
 			s.out = s.pred.Access(u, true, s.out[:0])
 		}
-		p.rt.Stats.PrefetchUsed.Add(int64(len(s.used)))
+		f.stats.PrefetchUsed.Add(int64(len(s.used)))
 	}
 	s.out = s.pred.Access(page, hit, s.out[:0])
 	s.lastMiss, s.window = page, s.window[:0]
@@ -91,11 +86,11 @@ func (p *Process) predict(pg uint64, hit bool) {
 			break
 		}
 		a := q * ps
-		e := p.table.Get(a)
-		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.Prefetching || e.InFlight || e.Zapping {
+		e := f.table.Get(a)
+		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.Fetching || e.InFlight || e.Zapping {
 			continue
 		}
-		if cache != nil && cache.cached(p, a) {
+		if cache != nil && cache.cached(f, a) {
 			continue
 		}
 		b.pages[b.n] = a
@@ -109,24 +104,24 @@ func (p *Process) predict(pg uint64, hit bool) {
 		// A store that loads by memcpy: fetch at once, on this thread, after the demand
 		// page's wake (the table stays locked throughout, so nothing needs marking). A worker
 		// would lose the race to the program's next touch.
-		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
-		p.choose(&b, &x.w)
-		n := p.load(&x.w, x.buf)
-		p.clock.pfPages, p.clock.pfPlaced = x.w.n, n
-		p.deliver(&x.w, x.buf, n)
+		f.stats.PrefetchIssued.Add(int64(b.n))
+		f.choose(&b, &x.w)
+		n := f.load(&x.w, x.buf)
+		f.clock.pfPages, f.clock.pfPlaced = x.w.n, n
+		f.deliver(&x.w, x.buf, n)
 		return
 	}
-	if p.clock.on {
+	if f.clock.on {
 		b.trigger = pg
 	}
 	for _, a := range b.pages[:b.n] {
-		p.table.Get(a).Prefetching = true
+		f.table.Get(a).Fetching = true
 	}
 	select {
-	case p.prefetchQ <- b:
-		p.rt.Stats.PrefetchIssued.Add(int64(b.n))
+	case f.prefetchQ <- b:
+		f.stats.PrefetchIssued.Add(int64(b.n))
 	default: // the worker is behind: drop this prediction rather than wait
-		p.finish(&b)
+		f.finish(&b)
 		s.window = s.window[:0]
 	}
 }
@@ -160,40 +155,37 @@ func consumedBetween(prev uint64, window []uint64, miss uint64, out []uint64) []
 // prefetchLoop is the process's prefetch worker: it fetches queued batches and installs them,
 // so a demand fault never waits for its predictions. It ends when the queue is closed (retire,
 // after the fault thread stopped).
-func (p *Process) prefetchLoop() {
+func (f *Fetcher) prefetchLoop() {
 	x := newPrefetchScratch()
-	for b := range p.prefetchQ {
-		if !p.Hold() {
+	for b := range f.prefetchQ {
+		if !f.host.Hold() {
 			continue // retired: drain until the queue is closed
 		}
 		var start time.Time
 		var loaded time.Duration
-		tracing := p.rt.Tracer != nil // not p.clock: that is the fault thread's
+		tracing := f.tracing != nil // not f.clock: that is the fault thread's
 		if tracing {
 			start = time.Now()
 		}
-		p.table.Lock()
-		p.choose(&b, &x.w)
-		p.table.Unlock()
-		n := p.load(&x.w, x.buf)
+		f.table.Lock()
+		f.choose(&b, &x.w)
+		f.table.Unlock()
+		n := f.load(&x.w, x.buf)
 		if tracing {
 			loaded = time.Since(start)
 		}
-		p.table.Lock()
-		p.deliver(&x.w, x.buf, n)
-		p.finish(&b)
-		p.table.Unlock()
-		if tr := p.rt.Tracer; tracing && x.w.n > 0 {
-			p.rt.tracePrefetch(tr, &x.rng, &PrefetchRecord{Pid: p.Pid(), Trigger: b.trigger, Start: start, Load: loaded,
+		f.table.Lock()
+		f.deliver(&x.w, x.buf, n)
+		f.finish(&b)
+		f.table.Unlock()
+		if tracing && x.w.n > 0 {
+			f.tracing.prefetched(&x.rng, &PrefetchRecord{Pid: f.host.Pid(), Trigger: b.trigger, Start: start, Load: loaded,
 				End: time.Since(start), Pages: x.w.n, Delivered: n})
 		}
 		// Faults on these pages waited for this batch (see missing): they find their page
 		// resident now, or fetch it themselves.
-		if p.waiting.Load() {
-			var one = [8]byte{1}
-			unix.Write(p.room, one[:])
-		}
-		p.Release()
+		f.Wake()
+		f.host.Release()
 	}
 }
 
@@ -212,28 +204,28 @@ type prefetchWork struct {
 // Prefetching never pushes the run over it: a guess must not cost the eviction of a page in
 // use, and the kernel's count (Used: tracked pages and the memory the page tables do not
 // see yet) is what must stay under the cap, not only the tracked pages. The table is locked.
-func (p *Process) choose(b *prefetchBatch, w *prefetchWork) {
+func (f *Fetcher) choose(b *prefetchBatch, w *prefetchWork) {
 	slices.Sort(b.pages[:b.n])
 	w.n = 0
 	for _, a := range b.pages[:b.n] {
-		e := p.table.Get(a)
+		e := f.table.Get(a)
 		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
 			continue
 		}
 		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirt[w.n] = a, e, e.Seq, e.Slot, e.Refetch(false)
 		w.n++
 	}
-	if room := p.rt.Evictor.HighWater() - p.rt.Evictor.Used(); int64(w.n) > room {
+	if room := f.host.PrefetchRoom(); int64(w.n) > room {
 		w.n = int(max(room, 0))
 	}
 }
 
-// finish clears Prefetching on the pages of b that were not installed (an install resets
+// finish clears Fetching on the pages of b that were not installed (an install resets
 // it). The table is locked.
-func (p *Process) finish(b *prefetchBatch) {
+func (f *Fetcher) finish(b *prefetchBatch) {
 	for _, a := range b.pages[:b.n] {
-		if e := p.table.Get(a); e != nil {
-			e.Prefetching = false
+		if e := f.table.Get(a); e != nil {
+			e.Fetching = false
 		}
 	}
 }
@@ -241,8 +233,8 @@ func (p *Process) finish(b *prefetchBatch) {
 // load reads the chosen pages into buf, in one request when the backend can batch, and
 // returns how many it read (buf[i*ps:] holds page i of w, which it compacts past failures).
 // A page that cannot be read is skipped: the demand path reports it if the program needs it.
-func (p *Process) load(w *prefetchWork, buf []byte) int {
-	store := p.rt.Slots.Backend()
+func (f *Fetcher) load(w *prefetchWork, buf []byte) int {
+	store := f.store
 	if bl, ok := store.(backend.BatchLoader); ok && w.n > 1 && bl.LoadBatch(w.slot[:w.n], buf[:w.n*ps]) == nil {
 		return w.n
 	}
@@ -259,16 +251,16 @@ func (p *Process) load(w *prefetchWork, buf []byte) int {
 
 // deliver puts the first n loaded pages of w where the mode wants them: into the program (map
 // mode) or the prefetch cache. The table is locked.
-func (p *Process) deliver(w *prefetchWork, buf []byte, n int) {
-	c := p.rt.PrefetchCache
+func (f *Fetcher) deliver(w *prefetchWork, buf []byte, n int) {
+	c := f.cache
 	if c == nil {
-		p.install(w, buf, n)
+		f.install(w, buf, n)
 		return
 	}
 	for j := 0; j < n; j++ {
-		if p.unchanged(w, j) {
-			c.put(p, w, j, buf[j*ps:(j+1)*ps])
-			p.rt.Stats.PrefetchInstalled.Add(1)
+		if f.unchanged(w, j) {
+			c.put(f, w, j, buf[j*ps:(j+1)*ps])
+			f.stats.PrefetchInstalled.Add(1)
 		}
 	}
 }
@@ -276,11 +268,11 @@ func (p *Process) deliver(w *prefetchWork, buf []byte, n int) {
 // install maps the first n loaded pages of w that are still the evicted pages they were (same
 // entry, same install sequence, same slot), without waking anyone: nobody waits for them, and
 // a fault on one of them meanwhile finds it resident and only wakes. The table is locked.
-func (p *Process) install(w *prefetchWork, buf []byte, n int) {
+func (f *Fetcher) install(w *prefetchWork, buf []byte, n int) {
 	for i := 0; i < n; {
 		// The longest run of contiguous pages from i, each unchanged, all of one mode.
 		j := i
-		for j < n && p.unchanged(w, j) && (j == i || w.addr[j] == w.addr[j-1]+ps && w.dirt[j] == w.dirt[i]) {
+		for j < n && f.unchanged(w, j) && (j == i || w.addr[j] == w.addr[j-1]+ps && w.dirt[j] == w.dirt[i]) {
 			j++
 		}
 		if j == i {
@@ -291,11 +283,11 @@ func (p *Process) install(w *prefetchWork, buf []byte, n int) {
 		if w.dirt[i] != pagetable.Clean {
 			mode = uffd.CopyDontWake
 		}
-		c, err := uffd.Copy(p.fd, w.addr[i], unsafe.Pointer(&buf[i*ps]), uint64(j-i)*ps, mode)
+		c, err := uffd.Copy(f.fd, w.addr[i], unsafe.Pointer(&buf[i*ps]), uint64(j-i)*ps, mode)
 		k := i + int(max(c, 0)/ps)
-		p.rt.Stats.PrefetchInstalled.Add(int64(k - i))
+		f.stats.PrefetchInstalled.Add(int64(k - i))
 		for ; i < k; i++ {
-			p.table.Install(w.addr[i], w.dirt[i], w.slot[i])
+			f.table.Install(w.addr[i], w.dirt[i], w.slot[i])
 		}
 		if err == unix.EAGAIN {
 			return // an event is unread: the layout may be changing; the rest can fault
@@ -309,8 +301,8 @@ func (p *Process) install(w *prefetchWork, buf []byte, n int) {
 // unchanged reports whether page j of w is still the evicted page that was loaded. Entry
 // identity catches a discard (a new entry) and an mremap (the entry moved); Seq catches an
 // install in between (the slot may be reused by then).
-func (p *Process) unchanged(w *prefetchWork, j int) bool {
-	e := p.table.Get(w.addr[j])
+func (f *Fetcher) unchanged(w *prefetchWork, j int) bool {
+	e := f.table.Get(w.addr[j])
 	return e != nil && e == w.entry[j] && e.Seq == w.seq[j] && e.State == pagetable.Evicted &&
 		e.Slot == w.slot[j] && !e.InFlight && !e.Zapping
 }

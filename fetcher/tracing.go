@@ -13,8 +13,8 @@ import (
 
 // This file is the fault path's side of tracing: plain values and one small interface. The
 // fault thread takes a few monotonic timestamps into a fixed struct it owns and, only once a
-// fault is served and its thread woken, hands a copy of them to Runtime.Tracer if the fault was
-// sampled or took longer than TraceSlow. Everything OpenTelemetry (spans, exporters) lives
+// fault is served and its thread woken, hands a copy of them to Tracing.Tracer if the fault was
+// sampled or took longer than Tracing.Slow. Everything OpenTelemetry (spans, exporters) lives
 // behind Tracer, in package telemetry.
 //
 // The head sampler draws (a per-process xorshift draw, no lock, no allocation) when an attempt
@@ -22,7 +22,7 @@ import (
 // of its backend fetch then, so that its read can carry them to a memory server (over tcp),
 // whose span of the read joins the fault's trace. The spans themselves are still made after the
 // fact, by package telemetry, with exactly these ids. Drawing earlier changes nothing in the
-// statistics: each served fault is still kept with probability TraceSample, one draw per fault.
+// statistics: each served fault is still kept with probability Tracing.Sample, one draw per fault.
 // A fault whose attempt fetched its page and then had to be retried (the install met an unread
 // event: EAGAIN) keeps that attempt's draw and ids for the next (drawCarry): otherwise the read
 // its first attempt sent would name a fetch span that is never made, and a second chance to be
@@ -80,6 +80,15 @@ type PrefetchRecord struct {
 	Load, End        time.Duration // the batched backend read, and the installs, from Start
 	Pages, Delivered int
 	Err              error
+}
+
+// Tracing is a run's fault tracing: the tracer and which faults it gets. One is shared by the
+// fetchers of every process of the run (Budget is the run's); it does not change once they run.
+type Tracing struct {
+	Tracer Tracer
+	Sample uint64        // the head sampler's threshold (SampleThreshold of the share to trace)
+	Slow   time.Duration // faults slower than this are traced too; 0: none for being slow
+	Budget SlowBudget    // bounds the faults traced for being slow
 }
 
 // Tracer receives the records of sampled work. Its methods run on the fault thread (Fault) or
@@ -220,9 +229,9 @@ func newTraceIDs() (traceID [16]byte, spanID [8]byte) {
 // fetchPage reads a backend fault's page. A head-sampled fault's read carries its trace context
 // where the backend takes one (a memory server over tcp makes its span of the read a child of
 // the fault's backend fetch span) and learns which copy answered; any other read is Load.
-func (p *Process) fetchPage(slot backend.Slot, buf []byte) error {
-	b := p.rt.Slots.Backend()
-	c := &p.clock
+func (f *Fetcher) fetchPage(slot backend.Slot, buf []byte) error {
+	b := f.store
+	c := &f.clock
 	if c.on {
 		c.keep()
 	}
@@ -275,11 +284,11 @@ func SampleThreshold(ratio float64) uint64 {
 
 // traceFault hands a served fault to the tracer if it is sampled or slow. d is its service time
 // (already measured for the histogram); readMono is Read on the nanotime clock.
-func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time.Time, d time.Duration) {
-	c := &p.clock
+func (f *Fetcher) traceFault(tr *Tracing, flags, pg uint64, src Source, since time.Time, d time.Duration) {
+	c := &f.clock
 	c.served()
 	head := c.head
-	if !head && (p.rt.TraceSlow <= 0 || d < p.rt.TraceSlow || !p.rt.SlowBudget.take()) {
+	if !head && (tr.Slow <= 0 || d < tr.Slow || !tr.Budget.take()) {
 		return
 	}
 	// since on the nanotime clock: both clocks are monotonic; the offset is fixed per fault.
@@ -297,7 +306,7 @@ func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time
 	case flags&uffd.PagefaultWrite != 0:
 		kind = KindWrite
 	}
-	r := FaultRecord{Pid: p.Pid(), Addr: pg, Kind: kind, Source: src, Head: head, Waited: c.retried, Read: since,
+	r := FaultRecord{Pid: f.host.Pid(), Addr: pg, Kind: kind, Source: src, Head: head, Waited: c.retried, Read: since,
 		Begin: off(c.begin), Lookup: off(c.lookup), Fetch: off(c.fetch), Install: off(c.install), Ioctl: c.ioctl, Wake: off(c.wake), End: d,
 		Pages: max(c.pages, 1), Slot: c.slot,
 		PrefetchStart: off(c.pfStart), PrefetchEnd: off(c.pfEnd), PrefetchPages: c.pfPages, PrefetchPlaced: c.pfPlaced,
@@ -305,17 +314,17 @@ func (p *Process) traceFault(tr Tracer, flags, pg uint64, src Source, since time
 	if head {
 		r.TraceID, r.FetchSpan = c.traceID, c.fetchSpan
 	}
-	tr.Fault(&r)
+	tr.Tracer.Fault(&r)
 }
 
-// tracePrefetch hands a worker's batch to the tracer with the faults' sampling ratio; rng is the
-// worker's own sampler state (the fault thread's is not the worker's to touch).
-func (rt *Runtime) tracePrefetch(tr Tracer, rng *uint64, r *PrefetchRecord) {
+// prefetched hands a worker's batch to the tracer if it is sampled (with the faults' ratio) or
+// slow; rng is the worker's own sampler state (the fault thread's is not the worker's to touch).
+func (tr *Tracing) prefetched(rng *uint64, r *PrefetchRecord) {
 	c := faultClock{rng: *rng}
-	head := c.sample(rt.TraceSample)
+	head := c.sample(tr.Sample)
 	*rng = c.rng
-	if head || (rt.TraceSlow > 0 && r.End >= rt.TraceSlow && rt.SlowBudget.take()) {
-		tr.Prefetch(r)
+	if head || (tr.Slow > 0 && r.End >= tr.Slow && tr.Budget.take()) {
+		tr.Tracer.Prefetch(r)
 	}
 }
 
@@ -325,7 +334,7 @@ func (rt *Runtime) tracePrefetch(tr Tracer, rng *uint64, r *PrefetchRecord) {
 // slow fault is counted, not traced. Head-sampled faults are never refused, so the sampled
 // share stays unbiased. Safe for concurrent use by every fault thread and the prefetch worker.
 type SlowBudget struct {
-	PerSecond int64        // 0: no bound; set before the first Attach
+	PerSecond int64        // 0: no bound
 	second    atomic.Int64 // the nanotime second the count is for
 	used      atomic.Int64 // records kept in that second
 	skipped   atomic.Int64 // slow records not kept, over the run

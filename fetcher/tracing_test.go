@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/backend"
-	"github.com/farmem/farmem/pagetable"
 )
 
 type countTracer struct{ faults, prefetches int }
@@ -17,14 +16,14 @@ func (c *countTracer) Prefetch(*PrefetchRecord) { c.prefetches++ }
 // the tracer; a slow one always does; the head sampler keeps about the ratio asked for.
 func TestTraceFaultSampling(t *testing.T) {
 	tr := &countTracer{}
-	p := &Process{rt: &Runtime{Tracer: tr, TraceSlow: time.Millisecond}}
+	p := &Fetcher{host: nopHost{}, tracing: &Tracing{Tracer: tr, Slow: time.Millisecond}}
 	p.clock.on, p.clock.rng = true, 1
 	since := time.Now()
 	fault := func(d time.Duration) {
-		p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
+		p.clock.reset(p.tracing.Sample, 0x7f0000001000)
 		p.clock.mark(&p.clock.lookup)
 		p.clock.mark(&p.clock.install)
-		p.traceFault(tr, 0, 0x7f0000001000, FromBackend, since, d)
+		p.traceFault(p.tracing, 0, 0x7f0000001000, FromBackend, since, d)
 	}
 	if a := testing.AllocsPerRun(1000, func() { fault(time.Microsecond) }); a != 0 {
 		t.Fatalf("an unsampled fault allocates %.1f times", a)
@@ -39,7 +38,7 @@ func TestTraceFaultSampling(t *testing.T) {
 		t.Fatalf("%d of 100 faults over TraceSlow traced", tr.faults)
 	}
 	tr.faults = 0
-	p.rt.TraceSample = SampleThreshold(0.01)
+	p.tracing.Sample = SampleThreshold(0.01)
 	const n = 200000
 	for range n {
 		fault(time.Microsecond)
@@ -48,7 +47,7 @@ func TestTraceFaultSampling(t *testing.T) {
 		t.Fatalf("ratio 0.01 traced %d of %d faults", tr.faults, n)
 	}
 	tr.faults = 0
-	p.rt.TraceSample = SampleThreshold(1)
+	p.tracing.Sample = SampleThreshold(1)
 	for range 1000 {
 		fault(time.Microsecond)
 	}
@@ -61,13 +60,13 @@ func TestTraceFaultSampling(t *testing.T) {
 func TestTraceFaultRecord(t *testing.T) {
 	var got FaultRecord
 	tr := tracerFunc(func(r *FaultRecord) { got = *r })
-	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1)}}
+	p := &Fetcher{host: nopHost{}, tracing: &Tracing{Tracer: tr, Sample: SampleThreshold(1)}}
 	p.clock.on, p.clock.rng = true, 1
 	since := time.Now()
-	p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
+	p.clock.reset(p.tracing.Sample, 0x7f0000001000)
 	p.clock.mark(&p.clock.lookup)
 	p.clock.mark(&p.clock.install)
-	p.traceFault(tr, 1 /* write */, 0x2000, FromZero, since, time.Since(since))
+	p.traceFault(p.tracing, 1 /* write */, 0x2000, FromZero, since, time.Since(since))
 	if !got.Head || got.Addr != 0x2000 || got.Kind != KindWrite || got.Source != FromZero {
 		t.Fatalf("record %+v", got)
 	}
@@ -92,22 +91,21 @@ func BenchmarkFaultTracingOverhead(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			tr := &countTracer{}
-			rt := &Runtime{TraceSample: SampleThreshold(0.01), TraceSlow: 100 * time.Microsecond}
+			p := &Fetcher{host: nopHost{}}
 			if on {
-				rt.Tracer = tr
+				p.tracing = &Tracing{Tracer: tr, Sample: SampleThreshold(0.01), Slow: 100 * time.Microsecond}
 			}
-			p := &Process{rt: rt}
 			p.clock.on, p.clock.rng = on, 1
 			since := time.Now()
 			for b.Loop() {
 				if p.clock.on {
-					p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
+					p.clock.reset(p.tracing.Sample, 0x7f0000001000)
 				}
 				p.clock.mark(&p.clock.lookup)
 				p.clock.mark(&p.clock.fetch)
 				p.clock.mark(&p.clock.install)
-				if t := p.rt.Tracer; t != nil {
-					p.traceFault(t, 0, 0x1000, FromBackend, since, time.Microsecond)
+				if p.tracing != nil {
+					p.traceFault(p.tracing, 0, 0x1000, FromBackend, since, time.Microsecond)
 				}
 			}
 		})
@@ -157,11 +155,11 @@ func TestHeadSampledFaultCarriesIDs(t *testing.T) {
 	var got []FaultRecord
 	tr := tracerFunc(func(r *FaultRecord) { got = append(got, *r) })
 	store := &tracedStore{}
-	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1), TraceSlow: time.Millisecond, Slots: pagetable.NewSlots(store)}}
+	p := &Fetcher{host: nopHost{}, store: store, tracing: &Tracing{Tracer: tr, Sample: SampleThreshold(1), Slow: time.Millisecond}}
 	p.clock.on, p.clock.rng = true, 1
 	buf := make([]byte, PageSize)
 	fault := func(d time.Duration) {
-		p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
+		p.clock.reset(p.tracing.Sample, 0x7f0000001000)
 		p.clock.mark(&p.clock.lookup)
 		p.clock.slot = 5
 		if err := p.fetchPage(5, buf); err != nil {
@@ -169,7 +167,7 @@ func TestHeadSampledFaultCarriesIDs(t *testing.T) {
 		}
 		p.clock.mark(&p.clock.fetch)
 		p.clock.mark(&p.clock.install)
-		p.traceFault(tr, 0, 0x7f0000001000, FromBackend, time.Now(), d)
+		p.traceFault(p.tracing, 0, 0x7f0000001000, FromBackend, time.Now(), d)
 	}
 	fault(time.Microsecond)
 	fault(time.Microsecond)
@@ -193,7 +191,7 @@ func TestHeadSampledFaultCarriesIDs(t *testing.T) {
 	}
 
 	// Not head-sampled: a plain Load, and a slow one is traced with no ids (a fresh trace).
-	p.rt.TraceSample = 0
+	p.tracing.Sample = 0
 	got, store.traced = nil, nil
 	fault(2 * time.Millisecond)
 	if store.loads != 1 || len(store.traced) != 0 || len(got) != 1 {
@@ -203,10 +201,10 @@ func TestHeadSampledFaultCarriesIDs(t *testing.T) {
 		t.Fatalf("a fault kept for being slow carries ids %x/%x from %+v", r.TraceID, r.FetchSpan, r.From)
 	}
 
-	p.rt.TraceSample = SampleThreshold(1)
+	p.tracing.Sample = SampleThreshold(1)
 	store.traced = make([]backend.TraceContext, 0, 2000)
 	if a := testing.AllocsPerRun(1000, func() {
-		p.clock.reset(p.rt.TraceSample, 0x7f0000001000)
+		p.clock.reset(p.tracing.Sample, 0x7f0000001000)
 		p.fetchPage(5, buf)
 	}); a != 0 {
 		t.Fatalf("a head-sampled fault's draw, ids and traced fetch allocate %.1f times", a)
@@ -220,24 +218,24 @@ func TestRetriedFaultKeepsItsDraw(t *testing.T) {
 	var got []FaultRecord
 	tr := tracerFunc(func(r *FaultRecord) { got = append(got, *r) })
 	store := &tracedStore{}
-	p := &Process{rt: &Runtime{Tracer: tr, TraceSample: SampleThreshold(1), Slots: pagetable.NewSlots(store)}}
+	p := &Fetcher{host: nopHost{}, store: store, tracing: &Tracing{Tracer: tr, Sample: SampleThreshold(1)}}
 	p.clock.on, p.clock.rng = true, 1
 	buf := make([]byte, PageSize)
 	const pg, other = 0x7f0000001000, 0x7f0000009000
 	attempt := func(page uint64, retried, fetch bool) {
 		p.clock.retried = retried
-		p.clock.reset(p.rt.TraceSample, page)
+		p.clock.reset(p.tracing.Sample, page)
 		if fetch {
 			p.fetchPage(5, buf)
 			p.clock.mark(&p.clock.fetch)
 		}
 	}
 	attempt(pg, false, true) // fetched, then EAGAIN: retried
-	p.rt.TraceSample = 0     // a fresh draw would now say no
+	p.tracing.Sample = 0     // a fresh draw would now say no
 	attempt(other, false, true)
 	attempt(pg, true, false) // retried again before fetching (at the cap)
 	attempt(pg, true, true)
-	p.traceFault(tr, 0, pg, FromBackend, time.Now(), time.Microsecond)
+	p.traceFault(p.tracing, 0, pg, FromBackend, time.Now(), time.Microsecond)
 	if len(store.traced) != 2 || store.loads != 1 || len(got) != 1 {
 		t.Fatalf("%d traced reads, %d untraced, %d records; want the sampled fault's two reads traced, the other's not, one record",
 			len(store.traced), store.loads, len(got))
@@ -249,15 +247,15 @@ func TestRetriedFaultKeepsItsDraw(t *testing.T) {
 	}
 	// Served: the page's next fault, even one that is retried, draws again (and is not picked).
 	attempt(pg, true, true)
-	p.traceFault(tr, 0, pg, FromBackend, time.Now(), time.Microsecond)
+	p.traceFault(p.tracing, 0, pg, FromBackend, time.Now(), time.Microsecond)
 	if len(got) != 1 || store.loads != 2 {
 		t.Fatalf("a served fault's draw outlived it: %d records, %d untraced loads", len(got), store.loads)
 	}
 	// An attempt not picked keeps that too: its retry gets no second chance.
 	attempt(pg, false, true)
-	p.rt.TraceSample = SampleThreshold(1)
+	p.tracing.Sample = SampleThreshold(1)
 	attempt(pg, true, true)
-	p.traceFault(tr, 0, pg, FromBackend, time.Now(), time.Microsecond)
+	p.traceFault(p.tracing, 0, pg, FromBackend, time.Now(), time.Microsecond)
 	if len(got) != 1 || store.loads != 4 {
 		t.Fatalf("a retried fault not picked was drawn again: %d records, %d untraced loads", len(got), store.loads)
 	}

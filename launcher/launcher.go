@@ -1,6 +1,6 @@
 // Package launcher starts a program under farmem: it writes out the embedded preload shim,
 // listens for the shim's connections, starts the program with LD_PRELOAD, serves it through a
-// fetcher.Runtime, forwards signals, and returns the program's exit status.
+// runtime.Runtime, forwards signals, and returns the program's exit status.
 package launcher
 
 import (
@@ -14,7 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime"
+	goruntime "runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +27,7 @@ import (
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/latency"
 	"github.com/farmem/farmem/prefetch"
+	"github.com/farmem/farmem/runtime"
 )
 
 //go:embed shim/libfarmem.so
@@ -48,9 +49,13 @@ type Options struct {
 	// Trace, if set, records every served fault. Run stops writing to it before it returns;
 	// the caller closes it.
 	Trace *faulttrace.Writer
-	// Observe, if set, is called with the runtime before the program starts (telemetry
-	// attaches its tracer and metrics there).
-	Observe func(rt *fetcher.Runtime)
+	// Tracing and EvictTrace, if set, trace the run's faults and eviction batches
+	// (runtime.Config).
+	Tracing    *fetcher.Tracing
+	EvictTrace func(*evictor.BatchRecord)
+	// Observe, if set, is called with the runtime before the program starts (the metrics read
+	// its counters).
+	Observe func(rt *runtime.Runtime)
 	// StatsEvery > 0 prints one line of live figures on stderr at that interval.
 	StatsEvery time.Duration
 	// LatencyOut, if set, gets the run's latency histograms at exit (WriteLatency), whatever
@@ -78,24 +83,26 @@ func Run(o Options) (int, error) {
 	}
 	defer ln.Close()
 
-	rt := fetcher.NewRuntime(o.LocalMem/fetcher.PageSize, o.Backend)
-	rt.Trace = o.Trace
-	rt.MaxHeat = o.EvictHeat
+	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat,
+		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace}
 	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
 		if err := o.Prefetch.Validate(); err != nil {
 			return 0, err
 		}
-		rt.NewPredictor = func() fetcher.Predictor {
+		cfg.NewPrefetcher = func() prefetch.Prefetcher {
 			p, _ := prefetch.New(o.Prefetch) // validated above
 			return p
 		}
-		if o.PrefetchCachePages > 0 {
-			rt.PrefetchCache = fetcher.NewPrefetchCache(o.PrefetchCachePages, &rt.Evictor.Cached)
-		}
+		cfg.PrefetchCachePages = o.PrefetchCachePages
+	}
+	rt, err := runtime.New(cfg)
+	if err != nil {
+		return 0, err
 	}
 	if o.Observe != nil {
 		o.Observe(rt)
 	}
+	rt.Start()
 	defer rt.Close()
 	go acceptLoop(ln, rt)
 	if o.StatsEvery > 0 {
@@ -127,7 +134,7 @@ func Run(o Options) (int, error) {
 	started := make(chan error, 1)
 	waited := make(chan error, 1)
 	go func() {
-		runtime.LockOSThread()
+		goruntime.LockOSThread()
 		// Born in a memory cgroup whose threshold says when to arm, the program costs the
 		// runtime no polling until then; where there is none, the runtime polls instead.
 		contained, _ := rt.ContainChildren()
@@ -185,7 +192,7 @@ wait:
 // one line per histogram bucket that holds any (what,lower_ns,upper_ns,count), "what" being the
 // fault's source (zero, backend, wp, cache) or eviction-batch. Buckets are log-linear, 8 to a
 // power of two, so a CDF drawn from them is within 12.5 % in time.
-func writeLatency(rt *fetcher.Runtime, path string) error {
+func writeLatency(rt *runtime.Runtime, path string) error {
 	var b strings.Builder
 	b.WriteString("what,lower_ns,upper_ns,count\n")
 	var snap latency.Snapshot
@@ -198,7 +205,7 @@ func writeLatency(rt *fetcher.Runtime, path string) error {
 	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
 		put(src.String(), &rt.Stats.Latency[src])
 	}
-	put("eviction-batch", &rt.Evictor.Stats.Batch)
+	put("eviction-batch", &rt.Evictor().Stats.Batch)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
@@ -213,9 +220,9 @@ func exitStatus(cmd *exec.Cmd, err error) int {
 	return ps.ExitCode()
 }
 
-func printSummary(rt *fetcher.Runtime, o Options) {
+func printSummary(rt *runtime.Runtime, o Options) {
 	s := &rt.Stats
-	e := &rt.Evictor.Stats
+	e := &rt.Evictor().Stats
 	// How the run looked out for the arming threshold: the kernel's word, or its own reads.
 	watch := "polled for it"
 	if rt.ArmWatched() {
@@ -227,7 +234,7 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	case s.ArmedAtPages.Load() == 0:
 		armed = "armed from the start"
 	default:
-		armed = fmt.Sprintf("armed at %d MiB (%s)", s.ArmedAtPages.Load()*fetcher.PageSize>>20, watch)
+		armed = fmt.Sprintf("armed at %d MiB (%s)", s.ArmedAtPages.Load()*runtime.PageSize>>20, watch)
 	}
 	staged := ""
 	if n := s.FromStaging.Load(); n > 0 {
@@ -238,10 +245,10 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	if n := e.Absent.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "farmem: %d eviction victims were absent from the program though recorded resident: left alone\n", n)
 	}
-	if rt.NewPredictor != nil {
+	if rt.Config().NewPrefetcher != nil {
 		used, installed, misses := s.PrefetchUsed.Load(), s.PrefetchInstalled.Load(), s.BackendFaults.Load()
 		mode, placed, evicted := "map", "installed", ""
-		if c := rt.PrefetchCache; c != nil {
+		if c := rt.PrefetchCache(); c != nil {
 			mode, placed = fmt.Sprintf("cache of %d pages", c.Pages()), "cached"
 			evicted = fmt.Sprintf(", %d pushed out unused", c.Evicted.Load())
 		}
@@ -255,10 +262,10 @@ func printSummary(rt *fetcher.Runtime, o Options) {
 	}
 	if n := e.PeakStored.Load(); n > 0 {
 		fmt.Fprintf(os.Stderr, "farmem: backend peak: %d pages in %d KiB (%.2fx)\n", n, e.PeakStoredBytes.Load()>>10,
-			float64(n*fetcher.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))
+			float64(n*runtime.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))
 	}
 	fmt.Fprintf(os.Stderr, "farmem: moved: in %s (faults and prefetches from the backend), out %s (evictions written); peak anonymous RSS %d MiB of the %d MiB cap (summed over processes: a page shared with a fork child counts in each)\n",
-		byteSize(rt.BytesIn()), byteSize(rt.BytesOut()), rt.PeakAnonPages.Load()*fetcher.PageSize>>20, o.LocalMem>>20)
+		byteSize(rt.BytesIn()), byteSize(rt.BytesOut()), rt.Stats.PeakAnonPages.Load()*runtime.PageSize>>20, o.LocalMem>>20)
 	fmt.Fprintf(os.Stderr, "farmem: fault service")
 	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
 		h := &s.Latency[src]
@@ -298,12 +305,12 @@ func byteSize(n int64) string {
 
 // statsLoop prints one line per interval on stderr (--stats): faults/s by source with the
 // interval's p99, evictions/s (written and dropped clean), resident pages against the cap.
-func statsLoop(rt *fetcher.Runtime, every time.Duration, stop <-chan struct{}) {
+func statsLoop(rt *runtime.Runtime, every time.Duration, stop <-chan struct{}) {
 	var prev, cur [fetcher.NumSources]latency.Snapshot
 	for src := range prev {
 		rt.Stats.Latency[src].Snapshot(&prev[src])
 	}
-	e := &rt.Evictor.Stats
+	e := &rt.Evictor().Stats
 	lastW, lastD, last := e.Written.Load(), e.Dropped.Load(), time.Now()
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -331,14 +338,14 @@ func statsLoop(rt *fetcher.Runtime, every time.Duration, stop <-chan struct{}) {
 		}
 		w, dr := e.Written.Load(), e.Dropped.Load()
 		fmt.Fprintf(&b, "; evictions/s written %.0f clean %.0f; resident %d MiB of %d MiB cap (%d MiB counted against it)\n",
-			float64(w-lastW)/secs, float64(dr-lastD)/secs, rt.Resident.Load()*fetcher.PageSize>>20,
-			rt.CapPages*fetcher.PageSize>>20, rt.Evictor.Used()*fetcher.PageSize>>20)
+			float64(w-lastW)/secs, float64(dr-lastD)/secs, rt.Resident()*runtime.PageSize>>20,
+			rt.Config().CapPages*runtime.PageSize>>20, rt.Evictor().Used()*runtime.PageSize>>20)
 		lastW, lastD, last = w, dr, now
 		os.Stderr.WriteString(b.String())
 	}
 }
 
-func acceptLoop(ln *net.UnixListener, rt *fetcher.Runtime) {
+func acceptLoop(ln *net.UnixListener, rt *runtime.Runtime) {
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
@@ -350,7 +357,7 @@ func acceptLoop(ln *net.UnixListener, rt *fetcher.Runtime) {
 
 // handleConn serves one shim connection: a control connection (HELLO, then REGISTER requests)
 // or an agent connection (AGENT_HELLO, then eviction requests we send).
-func handleConn(c *conn, rt *fetcher.Runtime) {
+func handleConn(c *conn, rt *runtime.Runtime) {
 	m, fd, lifeline, err := c.recvLifeline()
 	if lifeline >= 0 {
 		// The write end of the process's lifeline pipe (shim.c, make_lifeline): held, never
@@ -391,7 +398,7 @@ func handleConn(c *conn, rt *fetcher.Runtime) {
 		return
 	}
 	defer c.c.Close()
-	var p *fetcher.Process
+	var p *runtime.Process
 	keep := -1
 	switch {
 	case fd < 0:
@@ -409,7 +416,7 @@ func handleConn(c *conn, rt *fetcher.Runtime) {
 		fmt.Fprintf(os.Stderr, "farmem: process %d: %v\n", m.Pid, err)
 		status = uint64(unix.EPROTO)
 	}
-	if c.send(msg{Type: msgHelloOK, A: status, B: rt.MinRegister}, keep) != nil || err != nil {
+	if c.send(msg{Type: msgHelloOK, A: status, B: rt.Config().MinRegister}, keep) != nil || err != nil {
 		return
 	}
 	for {
@@ -436,7 +443,7 @@ func handleConn(c *conn, rt *fetcher.Runtime) {
 }
 
 // signalAll forwards a signal to every process still served once the program itself exited.
-func signalAll(rt *fetcher.Runtime, s os.Signal) {
+func signalAll(rt *runtime.Runtime, s os.Signal) {
 	for _, pid := range rt.Pids() {
 		if sig, ok := s.(syscall.Signal); ok {
 			syscall.Kill(pid, sig)

@@ -191,7 +191,7 @@ func (a *agentConn) askRuns(m msg, runs []evictor.Run) (msg, error) {
 	return ans, nil
 }
 
-// Drop implements fetcher.Agent.
+// Drop implements runtime.Agent.
 func (a *agentConn) Drop(runs []evictor.Run) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -213,7 +213,7 @@ func (a *agentConn) Drop(runs []evictor.Run) error {
 	return first
 }
 
-// Move implements fetcher.Agent: the agent moves the runs' pages, in order, to consecutive
+// Move implements runtime.Agent: the agent moves the runs' pages, in order, to consecutive
 // pages from dst on, and answers a status byte per page (0 moved, else its errno).
 func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
 	a.mu.Lock()
@@ -246,7 +246,7 @@ func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
 	return nil
 }
 
-// Staging implements fetcher.Agent: the agent maps the staging area (shim.c, make_staging).
+// Staging implements runtime.Agent: the agent maps the staging area (shim.c, make_staging).
 func (a *agentConn) Staging(bytes uint64) (uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -263,7 +263,7 @@ func (a *agentConn) Staging(bytes uint64) (uint64, error) {
 	return m.A, nil
 }
 
-// Filter implements fetcher.Agent: the agent installs the mapping filter (shim.c, item 5) on
+// Filter implements runtime.Agent: the agent installs the mapping filter (shim.c) on
 // every thread of its process and sends back the filter's listener.
 func (a *agentConn) Filter(minBytes uint64) (int, error) {
 	a.mu.Lock()
@@ -284,7 +284,7 @@ func (a *agentConn) Filter(minBytes uint64) (int, error) {
 	return fd, nil
 }
 
-// Syscall implements fetcher.Agent: the agent makes the call in its process and returns the
+// Syscall implements runtime.Agent: the agent makes the call in its process and returns the
 // raw result (-errno on failure).
 func (a *agentConn) Syscall(nr uint64, args [6]uint64) (int64, error) {
 	a.mu.Lock()
@@ -315,5 +315,5 @@ func (a *agentConn) Ready() error {
 	return a.c.send(msg{Type: msgAgentReady}, -1)
 }
 
-// Close implements fetcher.Agent.
+// Close implements runtime.Agent.
 func (a *agentConn) Close() error { return a.c.c.Close() }

@@ -26,9 +26,10 @@
 //	          copies out still has the checksum it was stored with (Sum, see Copied), the stay
 //	          did not write it, and the next one starts write-protected. A page written once
 //	          is then dropped clean, and one written at every stay never takes a WP fault.
-//	          Prefetching: queued for the process's prefetch worker, so it is not queued
-//	          twice, and a fault on it waits for the worker instead of fetching it again;
-//	          the worker clears it when done with its batch, and any install resets it.
+//	          Fetching: being read from its slot, by the prefetch worker (queued in a batch)
+//	          or by the fault thread (a demand fault, which reads with the table unlocked):
+//	          it is not chosen for a prefetch, and a fault on it waits for that read instead
+//	          of reading it again. The reader clears it when done; any install resets it.
 //	          Stage != 0 (fork children only): the parent forked while this page was Staged.
 //	          If it is absent here, it had moved: its content is this process's copy of the
 //	          staging page, which fork copied with the rest (the parent's batch had not
@@ -73,10 +74,10 @@ type Entry struct {
 	Zapping  bool
 	// WasWritten: Evicted pages only; see the package doc. A prediction, never a correctness bit.
 	WasWritten bool
-	// Prefetching: Evicted pages only; see the package doc. Never a correctness bit either:
-	// the worker re-checks the page under the lock before installing it.
-	Prefetching bool
-	Seq         uint32 // bumped on each install; victim-queue items with an older Seq are stale
+	// Fetching: Evicted pages only; see the package doc. Never a correctness bit either:
+	// whoever reads the page re-checks it under the lock before installing it.
+	Fetching bool
+	Seq      uint32 // bumped on each install; victim-queue items with an older Seq are stale
 	// Heat is how many more times Victims passes the page over (see Victims); each pass
 	// spends one. Level is what a re-fault sets it to: raised by each re-fault that came back
 	// within a pass of its eviction, cleared by one that came back later (see Refaulted). Both
@@ -300,7 +301,7 @@ func (t *PageTable) Move(from, to, length uint64) {
 		case Evicted:
 			// Nor is a prefetch of the old address this page's any more: a fault here must
 			// not wait for it.
-			e.InFlight, e.Zapping, e.Prefetching = false, false, false
+			e.InFlight, e.Zapping, e.Fetching = false, false, false
 		}
 		if e.State == Resident || e.State == Staged {
 			e.Seq++

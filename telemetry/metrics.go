@@ -12,6 +12,7 @@ import (
 
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/latency"
+	"github.com/farmem/farmem/runtime"
 )
 
 // latencyBounds are the fault-latency histogram's bucket bounds: the uffd round trip on one
@@ -29,10 +30,10 @@ var latencyBounds = []time.Duration{
 // registers observable counters and gauges for the rest.
 type source struct {
 	start time.Time
-	rt    atomic.Pointer[fetcher.Runtime]
+	rt    atomic.Pointer[runtime.Runtime]
 }
 
-func (s *source) attach(rt *fetcher.Runtime) { s.rt.Store(rt) }
+func (s *source) attach(rt *runtime.Runtime) { s.rt.Store(rt) }
 
 var srcAttrs = func() (a [fetcher.NumSources]metric.MeasurementOption) {
 	for i := range a {
@@ -141,7 +142,7 @@ func (s *source) register(m metric.Meter) error {
 		if rt == nil {
 			return nil
 		}
-		st, es := &rt.Stats, &rt.Evictor.Stats
+		st, es := &rt.Stats, &rt.Evictor().Stats
 		for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
 			o.ObserveInt64(faults, int64(st.Latency[src].Count()), srcAttrs[src])
 		}
@@ -154,9 +155,9 @@ func (s *source) register(m metric.Meter) error {
 		o.ObserveInt64(prefetches, st.PrefetchUsed.Load(), used)
 		o.ObserveInt64(bytes, rt.BytesIn(), in)
 		o.ObserveInt64(bytes, rt.BytesOut(), out)
-		o.ObserveInt64(resident, rt.Resident.Load())
-		o.ObserveInt64(capPages, rt.CapPages)
-		b := rt.Slots.Backend()
+		o.ObserveInt64(resident, rt.Resident())
+		o.ObserveInt64(capPages, rt.Config().CapPages)
+		b := rt.Config().Backend
 		o.ObserveInt64(stored, int64(b.Stored()))
 		u, n := 1, 1
 		if h, ok := b.(interface{ Health() (up, total int) }); ok {

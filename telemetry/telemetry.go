@@ -46,7 +46,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/fetcher"
+	"github.com/farmem/farmem/runtime"
 )
 
 // Protocols are the OTLP protocols farmem speaks.
@@ -183,7 +186,9 @@ type Telemetry struct {
 	prom   *http.Server
 	spans  *spanWorker
 	source *source
-	rt     *fetcher.Runtime // set by Attach when traces are on: its SlowBudget's count
+	// tracing is the faults' tracing handed out by Tracing (nil: traces off); its slow budget
+	// counts what was not traced.
+	tracing *fetcher.Tracing
 }
 
 // Start makes the exporters and, with MetricsAddr, starts serving /metrics. warn prints one
@@ -361,21 +366,21 @@ func (t *Telemetry) warnOnce(err error) {
 	})
 }
 
-// Attach makes rt's faults, eviction batches and prefetch batches traced and its counters the
-// metrics' source. Call it before the first process attaches.
-func (t *Telemetry) Attach(rt *fetcher.Runtime) {
-	t.source.attach(rt)
+// Tracing returns the tracing of a run's faults and prefetch batches, and the tracer of its
+// eviction batches, for runtime.Config; nil and nil when traces are off. b is the run's backend:
+// a traced fault read from memory servers names the copy that answered.
+func (t *Telemetry) Tracing(b backend.Backend) (*fetcher.Tracing, func(*evictor.BatchRecord)) {
 	if t.spans == nil {
-		return
+		return nil, nil
 	}
-	rt.Tracer = t.spans
-	rt.TraceSample = fetcher.SampleThreshold(t.cfg.Sample)
-	rt.TraceSlow = t.cfg.Slow
-	rt.SlowBudget.PerSecond = t.cfg.SlowMax
-	t.rt = rt
-	t.spans.describe, _ = rt.Slots.Backend().(fetcher.LoadDescriber)
-	rt.Evictor.Trace = t.spans.evicted
+	t.tracing = &fetcher.Tracing{Tracer: t.spans, Sample: fetcher.SampleThreshold(t.cfg.Sample), Slow: t.cfg.Slow,
+		Budget: fetcher.SlowBudget{PerSecond: t.cfg.SlowMax}}
+	t.spans.describe, _ = b.(fetcher.LoadDescriber)
+	return t.tracing, t.spans.evicted
 }
+
+// Observe makes rt's counters the metrics' source. Call it before the first process attaches.
+func (t *Telemetry) Observe(rt *runtime.Runtime) { t.source.attach(rt) }
 
 // Dropped is how many sampled records were not made into spans because the span goroutine was
 // behind (the fault path never waits for it).
@@ -389,10 +394,10 @@ func (t *Telemetry) Dropped() int64 {
 // SlowSkipped is how many faults slower than --trace-slow were not traced because
 // --trace-slow-max of them had been that second.
 func (t *Telemetry) SlowSkipped() int64 {
-	if t.rt == nil {
+	if t.tracing == nil {
 		return 0
 	}
-	return t.rt.SlowBudget.Skipped()
+	return t.tracing.Budget.Skipped()
 }
 
 // Shutdown makes the last spans, flushes every exporter (the metrics' last collection is the

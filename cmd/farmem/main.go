@@ -171,8 +171,10 @@ func runCommand() *cli.Command {
 				stopTelemetry(tel, true)
 				return err
 			}
+			tracing, evictTrace := tel.Tracing(store)
 			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace, Observe: tel.Attach, StatsEvery: statsEvery, LatencyOut: latencyOut})
+				Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace,
+				Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut})
 			stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 			if trace != nil {                   // Run has stopped every fault thread
 				if cerr := closeTrace(c, trace); err == nil {

@@ -1,28 +1,9 @@
-package fetcher
+package runtime
 
 import (
-	"os"
 	"testing"
 	"time"
 )
-
-func TestStatmReadsOwnRSS(t *testing.T) {
-	s, err := openStatm(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.close()
-	before := s.anonPages()
-	b := make([]byte, 64<<20)
-	for i := 0; i < len(b); i += PageSize {
-		b[i] = 1
-	}
-	after := s.anonPages()
-	if grew := after - before; grew < (60<<20)/PageSize {
-		t.Fatalf("statm saw %d more anonymous pages after touching 16384 (before %d, after %d)", grew, before, after)
-	}
-	_ = b[len(b)-1]
-}
 
 func TestPollInterval(t *testing.T) {
 	mib := int64((1 << 20) / PageSize)

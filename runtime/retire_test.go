@@ -1,4 +1,4 @@
-package fetcher
+package runtime
 
 import (
 	"os"
@@ -20,7 +20,11 @@ func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
 		t.Skip("needs root for userfaultfd")
 	}
 	b := backend.NewCompressed(nil)
-	rt := NewRuntime(1<<20, b)
+	rt, err := New(Config{CapPages: 1 << 20, Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.Start()
 	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
 	if err != nil {
 		t.Fatal(err)
@@ -28,14 +32,14 @@ func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
 	if _, _, err := uffd.API(fd, 0); err != nil {
 		t.Fatal(err)
 	}
-	p, err := newProcess(rt, fd, pagetable.New(&rt.Resident, rt.Slots))
+	p, err := rt.newProcess(fd, pagetable.New(&rt.resident, rt.slots))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rt.mu.Lock()
 	rt.procs[p] = true
 	rt.mu.Unlock()
-	go p.serve()
+	p.fetch.Start()
 
 	// The process holds one stored page.
 	page := make([]byte, PageSize)

@@ -1,32 +1,28 @@
-package fetcher
+package runtime
 
 import (
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/procfs"
 )
 
 // placement keeps a process's fault thread on the CPU of the thread that faults, and, while
 // one thread of the program does the faulting, keeps that thread there too.
 //
-// On these machines a wakeup across CPUs costs 60-80 us (the idle CPU halts and must be
-// interrupted out of the hypervisor), a uffd round trip on one CPU about 4 us. When the
+// A wakeup across CPUs costs far more than a userfaultfd round trip on one CPU on these machines
+// (docs/DESIGN.md, "Latency": the idle CPU must be interrupted out of the hypervisor). When the
 // faulting thread and the fault thread share a CPU, the fault switches straight to the fault
-// thread and back, with no interrupt. So every checkEvery faults the fault thread looks up
-// where the last faulting thread runs (/proc, ~10 us) and moves itself there; with several
-// faulting threads it follows the latest, which is the one that faults most often.
+// thread and back, with no interrupt. So every checkEvery faults the fault thread looks up where
+// the last faulting thread runs (/proc) and moves itself there; with several faulting threads it
+// follows the latest, which is the one that faults most often.
 //
-// Following is not enough. A program left free still ran on both CPUs by turns (traced with
-// bpftrace: both CPUs went idle ~5k times a second, where a pinned program's CPU never did),
-// and its faults went slow. Pinned where it ran, redis's zipfian GETs at half its peak ran
-// 1.9x as fast and micro's random walk 3-4x (results/eviction.md, "Where the program runs").
-// So from the second check on, the faulting thread is pinned to its CPU as well. That is
-// undone, and never done again in this process, as soon as a second thread faults: the
-// threads of a program that faults from several are left where the kernel puts them.
+// Following is not enough: a program left free still ran on both CPUs by turns, and its faults
+// went slow; pinned where it ran, it paged several times as fast (results/eviction.md, "Where
+// the program runs"). So from the second check on, the faulting thread is pinned to its CPU as
+// well. That is undone, and never done again in this process, as soon as a second thread
+// faults: the threads of a program that faults from several are left where the kernel puts them.
 //
 // Pinning is inherited by what the pinned thread starts; farmem undoes that where each is born.
 // A new thread gets the program's own affinity from the shim's pthread_create (unless the
@@ -37,15 +33,12 @@ import (
 //
 // A program that stops paging gets its thread back: pinned, it could not be balanced away
 // from a CPU other work needs. After quietSpell with no fault, the pinned thread gets the
-// program's affinity again (quiet, called from the fault thread's loop); if it faults again,
-// the next check pins it anew.
+// program's affinity again (quiet, called from the fault thread's loop through Process.Idle);
+// if it faults again, the next check pins it anew.
 //
 // The shim's agent thread goes to the same CPU. It is ours, not the program's: it only runs
-// evictions. Each run a drop madvise(DONTNEED)s blocks in the kernel until the fault thread
-// reads the REMOVE event, so a batch of n non-contiguous runs dropped is n round trips between
-// the two threads. Across CPUs that was 60 us a run or more (a random walk's batches of ~100
-// runs spent 6-13 ms in the drop); on one CPU a round trip is a direct switch. (Most batches
-// now move their victims out instead, which needs no round trip a run: evictor's doc.)
+// evictions, and a drop it makes blocks in the kernel until the fault thread reads the REMOVE
+// event it raised, a round trip between the two threads that is a direct switch on one CPU.
 type placement struct {
 	faults int
 	cpu    int   // the CPU the fault thread is pinned to; -1 = not pinned
@@ -98,7 +91,7 @@ func (pl *placement) fault(pid, tid int, agent int32) {
 	if pl.faults%checkEvery != 1 || pid == 0 {
 		return
 	}
-	cpu, err := threadCPU(pid, tid)
+	cpu, err := procfs.ThreadCPU(pid, tid)
 	if err != nil {
 		return
 	}
@@ -143,13 +136,12 @@ func (pl *placement) pinProgram(pid, tid, cpu int, agent int32, set *unix.CPUSet
 // release gives every thread of pid but the agent that farmem's pinning holds to one CPU the
 // program's own affinity back.
 func (pl *placement) release(pid, agent int) {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	tids, err := procfs.Threads(pid)
 	if err != nil {
 		return
 	}
-	for _, t := range tasks {
-		tid, err := strconv.Atoi(t.Name())
-		if err != nil || tid == agent {
+	for _, tid := range tids {
+		if tid == agent {
 			continue
 		}
 		var m unix.CPUSet
@@ -186,23 +178,4 @@ func programAffinity(pid int, from *Process) unix.CPUSet {
 	}
 	unix.SchedSetaffinity(pid, &from.place.orig) // exited meanwhile: ESRCH, nothing to undo
 	return from.place.orig
-}
-
-// threadCPU returns the CPU thread tid of pid last ran on (field 39 of its stat).
-func threadCPU(pid, tid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces; count fields after its closing paren.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("unparsable stat of %d/%d", pid, tid)
-	}
-	f := strings.Fields(s[i+1:]) // f[0] is field 3 (state)
-	if len(f) < 37 {
-		return 0, fmt.Errorf("short stat of %d/%d", pid, tid)
-	}
-	return strconv.Atoi(f[36])
 }

@@ -1,15 +1,15 @@
-package fetcher
+package runtime
 
 import (
-	"bufio"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/procfs"
 )
 
 // memcgRoot is where the cgroup v1 memory controller is mounted.
@@ -17,11 +17,11 @@ const memcgRoot = "/sys/fs/cgroup/memory"
 
 // usageWatch is told by the kernel when the programs' memory crosses one of two thresholds, so
 // the runtime need not poll for it: the arming threshold (ArmPages), and, once armed, a level
-// below which the programs are not near their cap (nearCapPages). Polling would
-// have to be fast: the cap must hold against a program that grows at growthBound, so a program
-// within armMargin of the arming threshold (a redis whose cap is 150 % of its peak, always), or
-// armed at all, costs a statm read every 2 ms, 500 wakeups a second, each of which disturbs the
-// CPU it lands on in this guest: 6-12 % of redis's throughput, armed or not (results/nopaging.md).
+// below which the programs are not near their cap (nearCapPages). Polling would have to be
+// fast: the cap must hold against a program that grows at growthBound, so a program within
+// armMargin of the arming threshold (a redis whose cap is 150 % of its peak, always), or armed at
+// all, costs a statm read every fastestPoll, each a wakeup that disturbs the CPU it lands on,
+// which a redis run felt (results/nopaging.md).
 //
 // It is a cgroup v1 memory cgroup of the run's own, a child of farmem's (so any limit farmem
 // runs under still holds), with usage thresholds on an eventfd (cgroup.event_control): the
@@ -96,7 +96,7 @@ func (w *usageWatch) leave(tid int) error {
 }
 
 // listen turns the eventfd's counts into crossed until the eventfd is closed. The netpoller's
-// wakeup (~55 us here) is no matter: this is off the fault path and wakes a few times a run.
+// slow wakeup is no matter: this is off the fault path and wakes a few times a run.
 func (w *usageWatch) listen() {
 	var n [8]byte
 	for {
@@ -140,31 +140,17 @@ func (w *usageWatch) close() {
 	unix.Rmdir(w.dir)
 }
 
-// ownMemcg is the directory of the memory cgroup farmem runs in.
+// ownMemcg is the directory of the cgroup v1 memory cgroup farmem runs in.
 func ownMemcg() (string, error) {
-	f, err := os.Open("/proc/self/cgroup")
+	path, err := procfs.OwnCgroup("memory")
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// hierarchy-ID:controller-list:path
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == "memory" {
-				dir := filepath.Join(memcgRoot, parts[2])
-				if _, err := os.Stat(filepath.Join(dir, "cgroup.event_control")); err != nil {
-					return "", err
-				}
-				return dir, nil
-			}
-		}
+	dir := filepath.Join(memcgRoot, path)
+	if _, err := os.Stat(filepath.Join(dir, "cgroup.event_control")); err != nil {
+		return "", err
 	}
-	return "", fmt.Errorf("no cgroup v1 memory controller: %w", fs.ErrNotExist)
+	return dir, nil
 }
 
 // sweepUsageWatches removes the cgroups of earlier runs that were killed before they could: an

@@ -1,0 +1,170 @@
+package fetcher
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/faulttrace"
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/prefetch"
+	"github.com/farmem/farmem/uffd"
+)
+
+// PageSize is the page size farmem manages.
+const PageSize = uffd.PageSize
+
+const ps = PageSize
+
+// Host is the runtime's side of the process a Fetcher serves. Its methods are called on the
+// fault thread unless they say otherwise, and must not wait on the program.
+type Host interface {
+	// Pid is the process's pid; 0 until its hello (a fork child is served before it says it).
+	// Any goroutine.
+	Pid() int
+	// Faulting is told of every fault, by thread tid, before it is served.
+	Faulting(tid int32)
+	// MustWait reports whether a MISSING fault by thread tid must wait for the evictor to make
+	// room (Wake ends the wait) rather than install a page now.
+	MustWait(tid int32) bool
+	// Room is how many pages faults may still install before they wait.
+	Room() int64
+	// PrefetchRoom is how many pages prefetching may install now: a guess must never make the
+	// evictor take a page in use. Any goroutine.
+	PrefetchRoom() int64
+	// Idle is called when the fault thread has no fault pending, at now (nanotime); it returns
+	// how long the thread may sleep before it must be called again (0: until woken).
+	Idle(now int64) time.Duration
+	// Forked takes a FORK event's uffd, the fork child's, and the child's page table (cloned
+	// from this process's at the event).
+	Forked(fd int, table *pagetable.PageTable)
+	// Unmapped says that [start, end) is no longer mapped where it was (UNMAP, or the source of
+	// a REMAP): nothing there is registered any more.
+	Unmapped(start, end uint64)
+	// Fail stops the process: it cannot be served without being given wrong data. Any goroutine.
+	Fail(err error)
+	// Hold keeps the uffd open until Release; false once the process is retired. The prefetch
+	// worker installs between the two.
+	Hold() bool
+	Release()
+}
+
+// Config is everything a Fetcher needs; none of it changes while the Fetcher runs.
+type Config struct {
+	UFFD    int // the process's userfaultfd: the Host's, open until the Fetcher is closed
+	Table   *pagetable.PageTable
+	Backend backend.Backend
+	Host    Host
+	Stats   *Stats // shared by every process of the run
+	// Prefetcher predicts the pages to bring ahead of demand; nil: no prefetching.
+	Prefetcher prefetch.Prefetcher
+	// Cache puts prefetching in cache mode (Leap's); nil: map mode (see prefetch.go).
+	Cache *PrefetchCache
+	// Record, if set, gets every served fault, timed from Epoch (farmem run --record-faults).
+	Record *faulttrace.Writer
+	Epoch  time.Time
+	// Tracing, if set, hands sampled and slow faults to its Tracer (tracing.go).
+	Tracing *Tracing
+}
+
+// Fetcher serves one process's faults.
+type Fetcher struct {
+	fd      int
+	table   *pagetable.PageTable
+	store   backend.Backend
+	host    Host
+	stats   *Stats
+	cache   *PrefetchCache
+	record  *faulttrace.Writer
+	epoch   time.Time
+	tracing *Tracing
+
+	stop int // eventfd that ends the fault thread
+	room int // eventfd written by Wake
+
+	// waiting: the fault thread holds faults that wait for the evictor or for an event.
+	// Written by the fault thread, read by Wake.
+	waiting atomic.Bool
+
+	zero  zeroStreams   // fault thread only: sequential first-touch detection
+	pf    prefetchState // fault thread only, under the table's lock; pf.pred nil: no prefetching
+	clock faultClock    // fault thread only: stage timestamps of the fault being served, if traced
+	// prefetchQ carries the fault thread's predictions to the prefetch worker (memory servers);
+	// nil without a worker. Closed by Stop once the fault thread has ended.
+	prefetchQ chan prefetchBatch
+	done      chan struct{} // closed when the fault thread has ended
+}
+
+// New makes the fetcher of one process. Start runs it.
+func New(cfg Config) (*Fetcher, error) {
+	if cfg.Host == nil || cfg.Table == nil || cfg.Backend == nil || cfg.Stats == nil {
+		return nil, errors.New("fetcher: Config needs a Host, a Table, a Backend and Stats")
+	}
+	stop, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	room, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(stop)
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	f := &Fetcher{
+		fd: cfg.UFFD, table: cfg.Table, store: cfg.Backend, host: cfg.Host, stats: cfg.Stats,
+		cache: cfg.Cache, record: cfg.Record, epoch: cfg.Epoch, tracing: cfg.Tracing,
+		stop: stop, room: room, done: make(chan struct{}),
+	}
+	f.clock.on = cfg.Tracing != nil
+	f.clock.rng = uint64(nanotime()) | 1 // xorshift's state must not be 0
+	if cfg.Prefetcher != nil {
+		f.pf.pred = cfg.Prefetcher
+		if _, remote := cfg.Backend.(backend.BatchLoader); remote {
+			f.prefetchQ = make(chan prefetchBatch, 16)
+		} else {
+			f.pf.inline = newPrefetchScratch()
+		}
+	}
+	return f, nil
+}
+
+// Start runs the fault thread and, with memory servers and a prefetcher, the prefetch worker.
+func (f *Fetcher) Start() {
+	go f.serve()
+	if f.prefetchQ != nil {
+		go f.prefetchLoop()
+	}
+}
+
+// Stop ends the fault thread, waits for it, and ends the prefetch worker once it has finished
+// its batch. The process's faults are no longer served.
+func (f *Fetcher) Stop() {
+	var one = [8]byte{1}
+	unix.Write(f.stop, one[:])
+	<-f.done
+	if f.prefetchQ != nil {
+		close(f.prefetchQ) // the fault thread, its only sender, has ended
+	}
+	if f.cache != nil {
+		f.cache.forget(f)
+	}
+}
+
+// Close releases what New took. Call it after Stop, with the uffd held by nobody (the Host's
+// retire, under the lock Hold takes for reading), so that no Wake writes a closed eventfd.
+func (f *Fetcher) Close() {
+	unix.Close(f.stop)
+	unix.Close(f.room)
+}
+
+// Wake tells the fault thread that faults waiting for room, or for a page's drop or prefetch
+// to finish, may go on. Any goroutine, with the uffd held (Host.Hold).
+func (f *Fetcher) Wake() {
+	if f.waiting.Load() {
+		var one = [8]byte{1}
+		unix.Write(f.room, one[:])
+	}
+}

@@ -1,0 +1,36 @@
+package fetcher
+
+import (
+	"sync/atomic"
+
+	"github.com/farmem/farmem/latency"
+)
+
+// Source is where a fault was served from.
+type Source int
+
+const (
+	FromZero    Source = iota // first touch, or a page the program discarded: zeros, no backend
+	FromBackend               // an evicted page read back from the backend
+	FromWP                    // the first write to a clean page: un-write-protect, no copy
+	FromCache                 // an evicted page found in the prefetch cache (cache mode)
+	NumSources
+)
+
+func (s Source) String() string { return [...]string{"zero", "backend", "wp", "cache"}[s] }
+
+// Stats counts the fault path's work, for the run summary and the metrics. One Stats is shared
+// by the fetchers of every process of a run.
+type Stats struct {
+	ZeroFills, ZeroPages, BackendFaults atomic.Int64
+	// Latency is each source's fault-service time: from reading the fault message to the
+	// install (or wake) ioctl's return, including any wait at the cap or behind an event.
+	Latency [NumSources]latency.Histogram
+	Removes atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
+	// FromStaging is the pages fork children read from their copy of the parent's staging
+	// area: the parent had moved them out, and not yet stored them, when it forked.
+	FromStaging atomic.Int64
+	// Prefetching: pages queued for the workers, installed by them, and used by the program
+	// (map mode: inferred from where the next miss landed; cache mode: faults that hit).
+	PrefetchIssued, PrefetchInstalled, PrefetchUsed atomic.Int64
+}

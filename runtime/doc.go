@@ -1,0 +1,57 @@
+// Package runtime is the life of one `farmem run`: the processes it serves, when it arms, where
+// their threads run, and how it learns of memory the program takes without a fault.
+//
+//   - Processes (procs.go): a program process and each fork child is a Process, attached when
+//     the preload shim says hello with its userfaultfd (a fork child is served at its FORK event,
+//     before its hello, and matched to it in fork order), retired when it exits. A Process is
+//     the evictor's Target and its fetcher's Host: package fetcher serves its faults, package
+//     evictor takes its pages; the runtime holds what both must agree on (the cap, the uffd's
+//     life, the agent).
+//   - Arming (arm.go, poll.go, memcg.go): nothing is registered with userfaultfd until the
+//     programs' anonymous memory nears the cap, so a program that stays below it runs with no
+//     fault at all. A memory cgroup of the run's own says when (usageWatch), or, where there is
+//     none, a poll of every process's statm paced by the distance to the threshold. Arming
+//     registers every anonymous mapping and adopts the pages already present.
+//   - Registration (register.go, mapfilter.go): the shim reports the mappings it sees; a seccomp
+//     filter the agent installs once armed hands the runtime the mmap and brk calls glibc makes
+//     internally, registered before the program can write to them; a rescan of /proc/PID/maps
+//     finds anything else, and the evictor keeps room for what it finds late (BurstReserve).
+//   - Placement (placement.go): the fault thread follows the faulting thread's CPU, and a
+//     program thread that does all the faulting is kept on its CPU while it pages.
+//
+// A Runtime is made by New from a Config, started by Start and ended by Close; nothing of it is
+// set from outside in between. Its statistics are atomics anyone may read.
+//
+// # Lock order
+//
+// A lock may be taken while holding the ones above it in this list, never the other way:
+//
+//	Process.brkMu       held across the agent's two brk calls of one notified brk, so that the
+//	                    next brk starts from the break this one left (mapfilter.go); only the
+//	                    goroutines serving notifications take it, never the fault thread
+//	Process.life        read-held by an eviction batch or a prefetch batch for its whole length
+//	                    (Hold), write-held by retire while it closes the uffd and the fetcher
+//	agent's own lock    the Agent's (launcher/proto.go): one request at a time, held across its
+//	                    round trip to the agent thread; taken by batches (Drop, Move) and mapping
+//	                    calls (Syscall)
+//	Process.regMu       the ranges registered; held for the registration ioctl only
+//	PageTable.mu        the process's page table (package pagetable: then Slots.mu), held for
+//	                    in-memory work, and by the fault thread while it installs a page
+//	PrefetchCache.mu    cache mode's prefetch cache, looked up under the page table's lock
+//	Runtime.mu          the process registry and the first failure; nothing is taken under it,
+//	                    and the fault thread may take it under its table's lock (Fail)
+//	Process.agentMu     the agent pointer; held to read or swap it, nothing else
+//
+// No lock is held across a wait on the program except the agent's own (whose requests the agent
+// thread serves at once: its faults are never held for room) and brkMu above it; the fault
+// thread takes none of those, so it is always free to read the uffd's events, which the
+// program's madvise, munmap and fork wait for.
+//
+// # Goroutines
+//
+// The evictor (Evictor.Loop, one OS thread) and the rescan loop run from Start to Close. Each
+// process has its fault thread and, with memory servers and a prefetcher, a prefetch worker
+// (package fetcher), and an exit watcher that retires it. Each mapping filter has a listener,
+// and each notified call a goroutine of its own (an agent round trip must not hold up another
+// process's calls).
+package runtime

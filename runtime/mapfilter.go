@@ -1,0 +1,165 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/procfs"
+	"github.com/farmem/farmem/seccomp"
+)
+
+// The mapping filter: how an armed run sees the mappings LD_PRELOAD cannot.
+//
+// glibc's malloc maps its large blocks, reserves its thread arenas and grows its main heap with
+// internal mmap and brk calls that never reach the shim's interposed mmap. The rescan finds them
+// within a poll, but what the program writes there meanwhile is in the kernel's count with no
+// fault to hold it back: a program filling fresh malloc blocks can put a whole burst over its
+// cap. So once armed, each process's agent installs a seccomp filter (launcher/shim/shim.c) that
+// turns those calls into user notifications; serveMapping has the agent make the call,
+// registers the new range, and only then answers the caller, so the program returns from mmap
+// or brk into memory that is already ours. A glibc arena's PROT_NONE reservation is registered
+// too: registration survives the mprotect that later opens it for writing, while brk growth
+// never joins the registered heap (the new part is a VMA of its own).
+//
+// Cost: a notification and an agent round trip per call, paid only once armed and only by mmaps
+// of at least MinRegister bytes and by brk. Without the privilege to install a filter (seccomp
+// needs CAP_SYS_ADMIN, and farmem does not set no_new_privs behind the program's back) the run
+// goes on with the rescan alone and the evictor's burst reserve.
+
+// filterMappings has p's agent install the mapping filter, once, and serves its notifications
+// until the run stops or every process the filter applies to is gone. It is called when the run
+// arms and for each process whose agent says hello after. A fork child or an exec'd image
+// inherits its parent's filter, and the kernel allows one listener per chain of filters (EBUSY):
+// it is served on the listener of the process that installed it, which finds it by its threads
+// (answering CONTINUE until it said hello).
+func (rt *Runtime) filterMappings(p *Process) {
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	if a == nil || !p.filtered.CompareAndSwap(false, true) {
+		return
+	}
+	fd, err := a.Filter(rt.cfg.MinRegister)
+	if errors.Is(err, unix.EBUSY) {
+		return // a filter inherited from a parent has a listener already: ours, serving it
+	}
+	if err != nil {
+		if rt.filterFailed.CompareAndSwap(false, true) {
+			fmt.Fprintf(os.Stderr, "farmem: cannot install the mapping filter (%v): glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", err)
+		}
+		return
+	}
+	rt.finished.Add(1)
+	go func() {
+		defer rt.finished.Done()
+		defer unix.Close(fd)
+		rt.serveNotifications(fd)
+	}()
+}
+
+func (rt *Runtime) serveNotifications(fd int) {
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		select {
+		case <-rt.stop:
+			return
+		default:
+		}
+		n, err := unix.Poll(pfd, 100)
+		if errors.Is(err, unix.EINTR) || (err == nil && n == 0) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		if pfd[0].Revents&unix.POLLHUP != 0 {
+			return // every process the filter applied to is gone
+		}
+		var call seccomp.Notif
+		if err := seccomp.Receive(fd, &call); err != nil {
+			continue // ENOENT: the caller was interrupted meanwhile
+		}
+		// Each on its own: an agent round trip must not hold up other processes' calls, and a
+		// fork child's agent is itself filtered (its calls are answered CONTINUE below).
+		go rt.serveMapping(fd, call)
+	}
+}
+
+// serveMapping answers one notified mmap or brk.
+func (rt *Runtime) serveMapping(fd int, n seccomp.Notif) {
+	resp := seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue}
+	answered := false
+	defer func() {
+		if !answered {
+			seccomp.Respond(fd, &resp)
+		}
+	}()
+	p := rt.lookupThread(int(n.Pid))
+	if p == nil || !rt.Armed() || int32(n.Pid) == p.agentTid.Load() {
+		return // unknown (exec'd image before its hello), not yet armed, or the agent itself
+	}
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	if a == nil || !seccomp.IDValid(fd, n.ID) {
+		return
+	}
+	var err error
+	switch n.Data.Nr {
+	case unix.SYS_MMAP:
+		var addr int64
+		addr, err = a.Syscall(unix.SYS_MMAP, n.Data.Args)
+		if err != nil {
+			return // the agent is gone, and its process with it: the call was not made
+		}
+		resp = seccomp.Resp{ID: n.ID, Val: addr}
+		if addr < 0 && addr > -4096 {
+			resp = seccomp.Resp{ID: n.ID, Error: int32(addr)}
+			return
+		}
+		p.Register(uint64(addr), pageUp(n.Data.Args[1]))
+		rt.Stats.MappingsSeen.Add(1)
+		if seccomp.Respond(fd, &resp) != nil {
+			// The caller was interrupted and will make the call again: undo ours.
+			a.Syscall(unix.SYS_MUNMAP, [6]uint64{uint64(addr), n.Data.Args[1]})
+		}
+		answered = true
+	case unix.SYS_BRK:
+		// Once the filter is in, every brk of the process is made here, one at a time (the
+		// agent's lock), so the break it left is the one the next call starts from.
+		p.brkMu.Lock()
+		defer p.brkMu.Unlock()
+		old := p.brk
+		if old == 0 {
+			if old, err = a.Syscall(unix.SYS_BRK, [6]uint64{}); err != nil {
+				return
+			}
+		}
+		brk, err := a.Syscall(unix.SYS_BRK, n.Data.Args)
+		if err != nil {
+			return
+		}
+		p.brk = brk
+		resp = seccomp.Resp{ID: n.ID, Val: brk}
+		if lo, hi := pageUp(uint64(old)), pageUp(uint64(brk)); hi > lo {
+			p.Register(lo, hi-lo)
+			rt.Stats.MappingsSeen.Add(1)
+		}
+		// brk is idempotent: a caller interrupted meanwhile simply makes it again.
+	}
+}
+
+// lookupThread returns the process thread tid belongs to.
+func (rt *Runtime) lookupThread(tid int) *Process {
+	if p := rt.Lookup(tid); p != nil {
+		return p // the main thread
+	}
+	tgid, err := procfs.Tgid(tid)
+	if err != nil {
+		return nil
+	}
+	return rt.Lookup(tgid)
+}

@@ -1,0 +1,259 @@
+package runtime
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/evictor"
+	"github.com/farmem/farmem/fetcher"
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/prefetch"
+)
+
+// Agent is the connection to a process's agent thread.
+type Agent interface {
+	// Drop has the agent madvise(DONTNEED) runs and waits for it.
+	Drop(runs []evictor.Run) error
+	// Move has the agent UFFDIO_MOVE runs into the staging area from dst on (evictor.Target).
+	Move(runs []evictor.Run, dst uint64, status []byte) error
+	// Staging has the agent map a staging area of bytes and returns its address.
+	Staging(bytes uint64) (uint64, error)
+	// Filter has the agent install the mapping filter on every thread of its process and
+	// returns the filter's seccomp listener (mapfilter.go).
+	Filter(minBytes uint64) (listener int, err error)
+	// Syscall has the agent make a system call in its process; the raw result is -errno on
+	// failure.
+	Syscall(nr uint64, args [6]uint64) (int64, error)
+	Close() error
+}
+
+// Process is one process of the run (the program, or a fork child of it): its uffd, its page
+// table, its agent, its registrations, and the fetcher that serves its faults. It is the
+// evictor's Target and its fetcher's Host.
+type Process struct {
+	rt    *Runtime
+	fd    int // the uffd; owned, closed by retire under life
+	table *pagetable.PageTable
+	fetch *fetcher.Fetcher
+
+	pid      atomic.Int32 // 0 until the shim's hello (a fork child is served before it says hello)
+	agentTid atomic.Int32 // faults from this thread are never held for room: eviction needs it
+	agentMu  sync.Mutex
+	agent    Agent       // protected by agentMu
+	filtered atomic.Bool // the agent was asked to install the mapping filter (mapfilter.go)
+	// staging is the staging area the evictor moves victims into (evictor.Target.Staging): 0
+	// until the first batch makes it, noStaging once it is known there can be none. Both
+	// belong to the evictor goroutine.
+	staging   uint64
+	noStaging bool
+	brkMu     sync.Mutex // serializes the process's notified brk calls (mapfilter.go)
+	brk       int64      // protected by brkMu; the break the last of them left (0: not known yet)
+
+	regMu      sync.Mutex
+	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
+
+	place    placement // fault thread only (Faulting, Idle): which CPU the threads run on
+	failOnce sync.Once
+
+	// life is held for reading by each eviction batch and prefetch batch (Hold) and for
+	// writing by retire while it closes the uffd and the fetcher: a batch never issues an
+	// ioctl on a closed (or reused) fd.
+	life    sync.RWMutex
+	retired bool // protected by life
+}
+
+func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
+	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(), registered: make(map[uint64]uint64)}
+	var pred prefetch.Prefetcher
+	if rt.cfg.NewPrefetcher != nil {
+		pred = rt.cfg.NewPrefetcher()
+	}
+	f, err := fetcher.New(fetcher.Config{
+		UFFD: fd, Table: table, Backend: rt.cfg.Backend, Host: p, Stats: &rt.Stats.Stats,
+		Prefetcher: pred, Cache: rt.cache, Record: rt.cfg.Record, Epoch: rt.start, Tracing: rt.cfg.Tracing,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.fetch = f
+	return p, nil
+}
+
+// Hold implements evictor.Target.
+func (p *Process) Hold() bool {
+	p.life.RLock()
+	if p.retired {
+		p.life.RUnlock()
+		return false
+	}
+	return true
+}
+
+// Release implements evictor.Target.
+func (p *Process) Release() { p.life.RUnlock() }
+
+// Pid implements evictor.Target.
+func (p *Process) Pid() int { return int(p.pid.Load()) }
+
+// UFFD implements evictor.Target.
+func (p *Process) UFFD() int { return p.fd }
+
+// Table implements evictor.Target.
+func (p *Process) Table() *pagetable.PageTable { return p.table }
+
+// CanEvict implements evictor.Target.
+func (p *Process) CanEvict() bool {
+	p.agentMu.Lock()
+	defer p.agentMu.Unlock()
+	return p.agent != nil && p.pid.Load() != 0
+}
+
+// Drop implements evictor.Target.
+func (p *Process) Drop(runs []evictor.Run) error {
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	if a == nil {
+		return evictor.ErrGone
+	}
+	return a.Drop(runs)
+}
+
+// Staging implements evictor.Target. The agent maps and registers the area itself, on a
+// uffd of its own (shim.c, make_staging): its drop then raises no REMOVE event for our fault
+// thread to read. Not in a fork child that inherited its parent's area: that may hold the
+// parent's staged pages, which the child's table reads (pagetable's Stage).
+func (p *Process) Staging() uint64 {
+	if p.staging != 0 || p.noStaging {
+		return p.staging
+	}
+	p.noStaging = true
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	p.table.Lock()
+	start, _ := p.table.Staging()
+	p.table.Unlock()
+	if a == nil || start != 0 {
+		return 0
+	}
+	size := uint64(evictor.BatchPages * PageSize)
+	base, err := a.Staging(size)
+	if err != nil {
+		return 0 // the drop way, then: slower, never wrong
+	}
+	p.table.Lock()
+	p.table.SetStaging(base, base+size)
+	p.table.Unlock()
+	p.staging, p.noStaging = base, false
+	return base
+}
+
+// Move implements evictor.Target.
+func (p *Process) Move(runs []evictor.Run, dst uint64, status []byte) error {
+	p.agentMu.Lock()
+	a := p.agent
+	p.agentMu.Unlock()
+	if a == nil {
+		return evictor.ErrGone
+	}
+	err := a.Move(runs, dst, status)
+	if err == nil && len(status) > 0 && (status[0] == byte(unix.ENOTTY) || status[0] == byte(unix.ENOSYS)) {
+		p.staging, p.noStaging = 0, true // a kernel before 6.8: no UFFDIO_MOVE
+	}
+	return err
+}
+
+// Fail implements evictor.Target: stop the program rather than let it see wrong data.
+func (p *Process) Fail(err error) {
+	p.failOnce.Do(func() {
+		pid := p.Pid()
+		fmt.Fprintf(os.Stderr, "farmem: cannot serve process %d any more: %v; stopping it\n", pid, err)
+		if pid > 0 {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		p.rt.noteFailure(fmt.Errorf("process %d: %w", pid, err))
+	})
+}
+
+// Faulting implements fetcher.Host: the fault thread follows the faulting thread's CPU
+// (placement), and eviction starts before the cap is reached, so that faults rarely wait.
+func (p *Process) Faulting(tid int32) {
+	p.place.fault(p.Pid(), int(tid), p.agentTid.Load())
+	if ev := p.rt.evictor; ev.Used() > ev.HighWater() {
+		p.rt.kickEvictor()
+	}
+}
+
+// MustWait implements fetcher.Host: a fault waits while the run is over its cap (or arming),
+// unless it is eviction's own (makesRoom), or the process has no agent yet (a fork child before
+// its hello): the evictor cannot take its pages, and holding its faults would hold the thread
+// that is starting its agent, for room that never comes.
+func (p *Process) MustWait(tid int32) bool {
+	if !p.rt.overCap() || p.makesRoom(tid) || !p.CanEvict() {
+		return false
+	}
+	if !p.rt.arming.Load() {
+		p.rt.evictor.Waited() // at the cap, not arming: the evictor keeps more room
+	}
+	p.rt.kickEvictor()
+	return true
+}
+
+// makesRoom reports whether faults of thread tid are eviction's own, never held for room: the
+// agent's (it moves and drops the victims) and the evictor's reads of the victims.
+func (p *Process) makesRoom(tid int32) bool {
+	return tid == p.agentTid.Load() || tid == p.rt.evictor.Tid()
+}
+
+// Room implements fetcher.Host.
+func (p *Process) Room() int64 { return p.rt.roomPages() }
+
+// PrefetchRoom implements fetcher.Host: prefetching fills the room below the evictor's high
+// watermark and no more. The kernel's count (Used: tracked pages and the memory the page tables
+// do not see yet) is what must stay under the cap, not only the tracked pages.
+func (p *Process) PrefetchRoom() int64 { return p.rt.evictor.HighWater() - p.rt.evictor.Used() }
+
+// Idle implements fetcher.Host: while a program thread is pinned, the fault thread looks at
+// least twice a quiet spell, so that a thread done with paging is unpinned (placement.quiet).
+func (p *Process) Idle(now int64) time.Duration {
+	if p.place.pinned == 0 {
+		return 0
+	}
+	p.place.quiet(now)
+	return quietSpell / 2
+}
+
+// Forked implements fetcher.Host.
+func (p *Process) Forked(fd int, table *pagetable.PageTable) { p.rt.forked(p, fd, table) }
+
+// Unmapped implements fetcher.Host.
+func (p *Process) Unmapped(start, end uint64) { p.forgetRange(start, end) }
+
+// WakeIfWaiting implements evictor.Target: the evictor made room or finished a drop.
+func (p *Process) WakeIfWaiting() {
+	if p.Hold() {
+		p.fetch.Wake()
+		p.Release()
+	}
+}
+
+// SetAgent attaches the agent connection; tid is the agent thread.
+func (p *Process) SetAgent(a Agent, tid int) {
+	p.agentMu.Lock()
+	old := p.agent
+	p.agent = a
+	p.agentMu.Unlock()
+	p.agentTid.Store(int32(tid))
+	if old != nil {
+		old.Close()
+	}
+	if p.rt.Armed() {
+		p.rt.filterMappings(p)
+	}
+}

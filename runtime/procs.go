@@ -1,0 +1,206 @@
+package runtime
+
+import (
+	"fmt"
+	"maps"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/procfs"
+)
+
+// Attach adopts a program process that said hello with its uffd.
+func (rt *Runtime) Attach(pid, fd int) (*Process, error) { return rt.attach(pid, fd, 0) }
+
+// attach adopts process pid, a fork child of ppid with nothing registered if ppid != 0.
+func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
+	tb := pagetable.New(&rt.resident, rt.slots)
+	tb.MaxHeat = rt.cfg.MaxHeat
+	p, err := rt.newProcess(fd, tb)
+	if err != nil {
+		return nil, err
+	}
+	p.pid.Store(int32(pid))
+	rt.mu.Lock()
+	old := rt.byPid[pid] // an exec replaced the old image: its mm is gone
+	from := old          // whose pinning pid may have inherited (placement)
+	if ppid != 0 {
+		from = rt.byPid[ppid]
+	}
+	rt.procs[p] = true
+	rt.byPid[pid] = p
+	rt.mu.Unlock()
+	p.place.orig = programAffinity(pid, from)
+	if old != nil {
+		rt.retire(old)
+	}
+	p.fetch.Start()
+	rt.watchExit(p, pid)
+	return p, nil
+}
+
+// forked starts serving a fork child at once (its pid comes later, with its hello).
+func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
+	c, err := rt.newProcess(fd, table)
+	if err != nil {
+		parent.Fail(err)
+		return
+	}
+	// The kernel copied the parent's registrations to the child's uffd: the child's rescan
+	// must not take them for mappings it has never seen.
+	parent.regMu.Lock()
+	maps.Copy(c.registered, parent.registered)
+	parent.regMu.Unlock()
+	c.place.orig = parent.place.orig // set before the parent's fault thread started: read-only
+	rt.mu.Lock()
+	rt.procs[c] = true
+	rt.forks[parent] = append(rt.forks[parent], c)
+	rt.mu.Unlock()
+	c.fetch.Start()
+}
+
+// AttachForked attaches a fork child that said hello with a fresh uffd of its own (fd).
+//
+// If the parent had ranges registered when it forked, the kernel gave the child their
+// registrations on a new uffd and raised a FORK event in the parent: the child is served on
+// that uffd, with the page table cloned at the event, and fd is closed. Children of one
+// parent are matched in fork order; the shim says hello from its atfork handler, so this is
+// exact unless two threads of one process fork at the same instant. The child is runnable
+// before its parent's FORK event is read, so its hello may arrive first: wait for the event.
+//
+// If the parent had nothing registered (not armed yet, or only small mappings), no FORK event
+// comes: the child holds no evicted page and starts afresh on fd. The child's smaps tell the
+// two apart exactly: it has not run any code of its own yet (it says hello from its atfork
+// handler), so its registrations are still the ones fork copied.
+func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
+	inherited, err := procfs.HasUffdRegistrations(pid)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("fork child %d: %w", pid, err)
+	}
+	if !inherited {
+		return rt.attach(pid, fd, ppid)
+	}
+	unix.Close(fd)
+	deadline := time.Now().Add(10 * time.Second)
+	rt.mu.Lock()
+	for {
+		if parent := rt.byPid[ppid]; parent != nil && len(rt.forks[parent]) > 0 {
+			break
+		}
+		rt.mu.Unlock()
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("fork child %d: no FORK event from parent %d", pid, ppid)
+		}
+		time.Sleep(200 * time.Microsecond)
+		rt.mu.Lock()
+	}
+	parent := rt.byPid[ppid]
+	q := rt.forks[parent]
+	c := q[0]
+	rt.forks[parent] = q[1:]
+	c.pid.Store(int32(pid))
+	rt.byPid[pid] = c
+	rt.mu.Unlock()
+	programAffinity(pid, parent) // undo a pinning it inherited; c already has the parent's
+	rt.watchExit(c, pid)
+	return c, nil
+}
+
+// Lookup returns the process with pid.
+func (rt *Runtime) Lookup(pid int) *Process {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.byPid[pid]
+}
+
+// watchExit retires p when pid exits.
+func (rt *Runtime) watchExit(p *Process, pid int) {
+	pfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		rt.retire(p)
+		return
+	}
+	go func() {
+		defer unix.Close(pfd)
+		fds := []unix.PollFd{{Fd: int32(pfd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); err == unix.EINTR {
+				continue
+			}
+			break
+		}
+		rt.retire(p)
+	}()
+}
+
+// retire stops serving p and frees everything it held.
+func (rt *Runtime) retire(p *Process) {
+	rt.mu.Lock()
+	if !rt.procs[p] {
+		rt.mu.Unlock()
+		return
+	}
+	delete(rt.procs, p)
+	if pid := p.Pid(); rt.byPid[pid] == p {
+		delete(rt.byPid, pid)
+	}
+	for _, c := range rt.forks[p] {
+		// A child that never said hello: it has exited, or was forked without libc's fork.
+		defer rt.retireLater(c)
+	}
+	delete(rt.forks, p)
+	rt.retiring++
+	rt.mu.Unlock()
+	defer func() {
+		rt.mu.Lock()
+		if rt.retiring--; rt.retiring == 0 {
+			rt.retired.Broadcast()
+		}
+		rt.mu.Unlock()
+	}()
+	p.fetch.Stop()
+	p.agentMu.Lock()
+	if p.agent != nil {
+		p.agent.Close()
+	}
+	p.agentMu.Unlock()
+	p.life.Lock()
+	p.retired = true
+	p.table.Lock()
+	p.table.Clear()
+	p.table.Unlock()
+	p.fetch.Close()
+	unix.Close(p.fd)
+	p.life.Unlock()
+}
+
+func (rt *Runtime) retireLater(c *Process) {
+	go func() {
+		time.Sleep(time.Second)
+		if c.Pid() == 0 {
+			rt.retire(c)
+		}
+	}()
+}
+
+// Pids returns the pids of the processes served.
+func (rt *Runtime) Pids() []int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	out := make([]int, 0, len(rt.byPid))
+	for pid := range rt.byPid {
+		out = append(out, pid)
+	}
+	return out
+}
+
+// Live returns the number of processes still served or still being retired: once it is 0,
+// nothing holds a slot of the backend any more.
+func (rt *Runtime) Live() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return len(rt.procs) + rt.retiring
+}

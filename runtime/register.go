@@ -1,0 +1,117 @@
+package runtime
+
+import (
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/procfs"
+	"github.com/farmem/farmem/uffd"
+)
+
+// RegisterMode is how every range is registered: MISSING for first touch and re-fault, WP for
+// dirty tracking and the eviction protocol.
+const RegisterMode = uffd.ModeMissing | uffd.ModeWP
+
+// Register registers [start, start+length) with the process's uffd and adopts its present
+// pages. Before the run is armed it does nothing: arming rescans every mapping.
+func (p *Process) Register(start, length uint64) error {
+	if !p.rt.Armed() {
+		return nil
+	}
+	fresh, err := p.register(start, length)
+	if err != nil || !fresh {
+		return err
+	}
+	_, err = p.adopt(start, length)
+	return err
+}
+
+// register registers [start, start+length) unless it is already; fresh reports whether it
+// was not, so its present pages still need adopting.
+func (p *Process) register(start, length uint64) (fresh bool, err error) {
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	if end, ok := p.registered[start]; ok && end == start+length {
+		return false, nil
+	}
+	if _, err := uffd.Register(p.fd, start, length, RegisterMode); err != nil {
+		return false, err
+	}
+	p.registered[start] = start + length
+	return true, nil
+}
+
+// adopt records the pages of a just-registered range that are already present: the program
+// touched them before we could register (glibc's internal brk/mmap). They have no stored copy.
+func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
+	pid := p.Pid()
+	if pid == 0 {
+		return 0, nil
+	}
+	n := length / PageSize
+	buf := make([]uint64, min(n, 8192))
+	for off := uint64(0); off < n; {
+		k := min(n-off, uint64(len(buf)))
+		if err := procfs.Pagemap(pid, start+off*PageSize, buf[:k]); err != nil {
+			return adopted, err
+		}
+		p.table.Lock()
+		for i, e := range buf[:k] {
+			page := start + (off+uint64(i))*PageSize
+			// The staging area's pages are not the program's (the kernel may have merged it
+			// with a neighbour, so a mapping can hold it).
+			if procfs.Present(e) && p.table.Get(page) == nil && !p.table.InStaging(page) {
+				p.table.Install(page, pagetable.Written, 0)
+				adopted++
+			}
+		}
+		p.table.Unlock()
+		off += k
+	}
+	return adopted, nil
+}
+
+// Rescan registers every mapping of the process that registrable accepts and returns how many
+// pages it found present in them: pages the program took unseen.
+func (p *Process) Rescan() (adopted int64) {
+	// Register every mapping first and adopt after: from its registration on, a mapping's new
+	// pages fault (and count against the cap); adopting first would leave the later mappings
+	// open to untracked growth for as long as the pagemap reads take.
+	var fresh [][2]uint64
+	err := procfs.Maps(p.Pid(), func(m procfs.Mapping) {
+		if !registrable(m, p.rt.cfg.MinRegister) {
+			return
+		}
+		if ok, _ := p.register(m.Start, m.End-m.Start); ok { // EINVAL/ENOMEM: the mapping changed meanwhile
+			fresh = append(fresh, [2]uint64{m.Start, m.End - m.Start})
+		}
+	})
+	if err != nil {
+		return 0 // it has exited
+	}
+	for _, r := range fresh {
+		n, _ := p.adopt(r[0], r[1])
+		adopted += n
+	}
+	return adopted
+}
+
+// registrable reports whether farmem registers mapping m: private anonymous memory of at least
+// minBytes, read-write or a reservation with no access yet (glibc reserves a thread arena's
+// 64 MiB that way and opens it with mprotect as it grows, and a registration survives that
+// mprotect), or the heap; not a file, the main stack, vdso or vvar.
+func registrable(m procfs.Mapping, minBytes uint64) bool {
+	return (m.Perms == "rw-p" || m.Perms == "---p") && m.Inode == 0 && (m.Path == "" || m.Path == "[heap]") &&
+		m.End-m.Start >= minBytes
+}
+
+// forgetRange drops registrations inside [start, end) (UNMAP, or a REMAP's source).
+func (p *Process) forgetRange(start, end uint64) {
+	p.regMu.Lock()
+	for s, e := range p.registered {
+		if s < end && e > start {
+			delete(p.registered, s)
+		}
+	}
+	p.regMu.Unlock()
+}
+
+func pageUp(n uint64) uint64 { return (n + PageSize - 1) &^ (PageSize - 1) }
