@@ -115,7 +115,7 @@ func simulate(path string, cfg prefetch.Config, names []string, cachePages int) 
 	for i, n := range names {
 		c := cfg
 		c.Name = n
-		r, err := prefetch.NewReplayer(c, cachePages)
+		r, err := prefetch.NewReplayer(c, prefetch.ModeCache, cachePages)
 		if err != nil {
 			return res, usagef("%v", err)
 		}

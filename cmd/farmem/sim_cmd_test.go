@@ -84,7 +84,7 @@ func TestSimAllAndJSON(t *testing.T) {
 		acc = append(acc, prefetch.Access{Pid: r.Pid, Page: r.Page()})
 	}
 	for i, name := range prefetch.Names() {
-		want, _ := prefetch.Replay(prefetch.Config{Name: name}, simDefaultCachePages, acc)
+		want, _ := prefetch.Replay(prefetch.Config{Name: name}, prefetch.ModeCache, simDefaultCachePages, acc)
 		if res.Results[i] != want {
 			t.Errorf("row %d: %+v, want %+v", i, res.Results[i], want)
 		}
