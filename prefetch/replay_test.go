@@ -46,6 +46,31 @@ func TestReplayWorkedExample(t *testing.T) {
 		Pollution: 6, Accuracy: 0.4, Coverage: 0.25, LeadP50: 1, LeadMean: 1, LeadOne: 4})
 }
 
+// The paper's stream in map mode (history 8, split 2): the same 4 pages are used as in cache
+// mode, but the prefetcher learns of 2 of them only, inferred at the next miss, and issues less:
+//
+//	t3  0x3F  miss, -3 found, window 1: 0x3C
+//	t4  0x3C  hit (lead 1), unseen
+//	t5  0x02  miss far from 0x3C: nothing inferred; -3 found (-61 -3 -3 -3), window 1, but
+//	          0x02-3 wraps
+//	t6  0x04  miss, no trend, no hit: window 0 (cache mode, with its hit: 2/2 = 1, 0x01)
+//	t7  0x06  miss, no trend: 0
+//	t8  0x08  miss, +2 found, window 1: 0x0A
+//	t9  0x0A  hit (lead 1), unseen
+//	t10 0x0C  miss right past 0x0A: inferred, 1 hit -> 2: 0x0E 0x10
+//	t11 0x10  hit (lead 1), unseen; 0x0E is skipped
+//	t12 0x39  miss far from 0x10: nothing inferred; +2 found, window 1: 0x3B
+//	t13 0x12  miss, 0x3B not on its way: nothing inferred; +2 found over 8 deltas, window 1: 0x14
+//	t14 0x14  hit (lead 1), unseen
+//	t15 0x16  miss right past 0x14: inferred, 1 hit -> 2: 0x18 0x1A
+//
+// 8 pages issued, 4 used; 0x0E, 0x3B, 0x18, 0x1A never are.
+func TestReplayWorkedExampleMap(t *testing.T) {
+	m := replay(t, Config{Name: NameLeap, History: 8, Split: 2}, ModeMap, 64, pages(7, workedExample...))
+	checkMetrics(t, m, Metrics{Prefetcher: "leap", Mode: ModeMap, Max: 8, Processes: 1, Faults: 16, Hits: 4, Misses: 12,
+		Prefetched: 8, FedHits: 2, Pollution: 4, Accuracy: 0.5, Coverage: 0.25, LeadP50: 1, LeadMean: 1, LeadOne: 4})
+}
+
 // A cache of 2 pages: the oldest prefetched page goes first, a hit frees its slot at once,
 // a page already cached is not issued again.
 //
