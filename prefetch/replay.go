@@ -89,19 +89,19 @@ const leadBuckets = 1 << 16
 //     process's first fault: a forked child starts with an empty history, as it does live.
 //   - Predicted pages wait, unused, in one FIFO of a bounded number of pages shared by all
 //     processes and keyed by (pid, page). A fault on a page in it is a hit, which takes the
-//     page out at once; anything else is a miss. When the FIFO is full, a new prediction
+//     page out immediately; anything else is a miss. When the FIFO is full, a new prediction
 //     pushes out the oldest page (Evicted). A predicted page already in it is not issued
 //     again; any other is issued: counted as prefetched and put in. The fetch is assumed to
 //     complete before the next fault (see Lead for how early).
 //
 // Cache mode (ModeCache) is Leap's: the FIFO is the prefetch cache and a hit is a fault
-// served from it (eager eviction: the page is mapped in the process now, not cached). Every
+// served from it (eager eviction: the page is mapped in the process, not cached). Every
 // fault, hit or miss, is fed to the process's prefetcher with hit set accordingly, and what
 // it predicts is issued.
 //
 // Map mode (ModeMap) is farmem run's default (fetcher's map mode): a predicted page is
-// installed into the program at once, so the program's access to it never faults. A hit is
-// therefore invisible: the prefetcher is not fed it and predicts nothing for it. On a miss,
+// installed into the program right away, so the program's access to it never faults. A hit
+// is therefore invisible: the prefetcher is not fed it and predicts nothing for it. On a miss,
 // the pages the program used since its previous miss are inferred from where it landed
 // (ConsumedBetween over the pages installed at the previous miss) and fed as hits, their
 // predictions dropped; then the miss is fed, and the pages it predicts that are not
@@ -111,8 +111,8 @@ const leadBuckets = 1 << 16
 //
 // In map mode the FIFO holds the installed pages not used yet. Live, such a page stays
 // resident until the evictor takes it, and the evictor takes resident pages in install
-// order (a page installed by a prefetch earns no second chance until it re-faults), so the
-// oldest unused installed page is the first to go: the FIFO's order. How long it stays
+// order (a prefetch install earns a page no second chance: only a demand re-fault does), so
+// the oldest unused installed page is the first to go: the FIFO's order. How long it stays
 // depends on the cap and the resident set, which a trace does not hold; the replay bounds
 // the unused installed pages by the same number of pages as cache mode's cache, so both
 // modes have the same room for guesses and their rows compare what the prefetcher guessed
@@ -185,7 +185,7 @@ func (r *Replayer) Access(pid uint32, page uint64) {
 	i, hit := r.cache.Lookup(cacheKey{pid, page})
 	if hit {
 		lead := proc.faults - r.issued[i]
-		r.cache.Remove(i) // the page is the process's now
+		r.cache.Remove(i) // the page is the process's: mapped, not waiting
 		r.m.Hits++
 		r.leads[min(lead, leadBuckets)]++
 		r.leadSum += float64(lead)

@@ -26,8 +26,8 @@ func simCommand() *cli.Command {
 		Usage: "replay a fault trace through prefetchers and report their accuracy, coverage and timeliness",
 		Description: "Each process in the trace gets its own prefetcher. --mode says where predicted pages go,\n" +
 			"as farmem run's --prefetch-mode; each row's MODE column says which:\n" +
-			"  map    farmem run's default: a predicted page is installed in the program at once, so\n" +
-			"         touching it never faults (a hit nobody sees). On each miss the prefetcher is fed\n" +
+			"  map    farmem run's default: a predicted page is installed in the program right away,\n" +
+			"         so touching it never faults (a hit nobody sees). On each miss the prefetcher is fed\n" +
 			"         the pages the program must have used to get there (those installed at the last\n" +
 			"         miss that lie on its way), as farmem run infers them, then the miss. Max window\n" +
 			fmt.Sprintf("         %d pages, as farmem run's --prefetch-max\n", runDefaultPrefetchMax) +
@@ -155,9 +155,9 @@ type simResult struct {
 	Results    []prefetch.Metrics `json:"results"` // by mode as Modes, then by prefetcher as given
 }
 
-// simulate replays the trace at path once, feeding every fault to one Replayer per mode and
-// name. cfg.Max 0 takes each mode's default (simMax). Trace problems are bad input: usage
-// errors.
+// simulate reads the trace at path a single time, feeding every fault to one Replayer per
+// mode and name. cfg.Max 0 takes each mode's default (simMax). Trace problems are bad input:
+// usage errors.
 func simulate(path string, cfg prefetch.Config, modes []prefetch.Mode, names []string, cachePages int) (simResult, error) {
 	res := simResult{Trace: path, Format: "text", Modes: modes, CachePages: cachePages, History: cfg.History, Split: cfg.Split}
 	var reps []*prefetch.Replayer
