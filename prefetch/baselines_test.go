@@ -111,7 +111,7 @@ func replayAll(t *testing.T, accesses []Access) map[string]Metrics {
 	t.Helper()
 	ms := map[string]Metrics{}
 	for _, name := range Names() {
-		m, err := Replay(Config{Name: name}, 4096, accesses)
+		m, err := Replay(Config{Name: name}, ModeCache, 4096, accesses)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,7 +6,10 @@
 // goroutine and takes no lock; the fault path (fetcher) owns one Prefetcher per process,
 // calls it from that process's fault thread, and fetches what it returns. Recorded fault
 // traces are scored offline by the same code through a Replayer, so what `farmem sim`
-// measures is what `farmem run` does.
+// measures is what `farmem run` does, in either of its modes: map mode installs predicted
+// pages into the program, where its accesses to them are invisible and the hits fed back are
+// inferred from where its next miss lands (ConsumedBetween); cache mode, Leap's, holds them in
+// a prefetch cache, where a hit is a fault and seen as one.
 //
 // # Majority-trend prefetching (Leap)
 //

@@ -13,21 +13,39 @@ import (
 	"github.com/farmem/farmem/prefetch"
 )
 
-// simDefaultCachePages is sim's prefetch cache: 16 MiB, room for a few thousand windows.
+// simDefaultCachePages bounds the prefetched pages waiting unused: 16 MiB, room for a few
+// thousand windows.
 const simDefaultCachePages = 4096
+
+// simModeBoth is --mode's default: a row per mode.
+const simModeBoth = "both"
 
 func simCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "sim",
 		Usage: "replay a fault trace through prefetchers and report their accuracy, coverage and timeliness",
-		Description: "Each process in the trace gets its own prefetcher; one FIFO prefetch cache serves all (a hit\n" +
-			"frees its page at once, the oldest page goes first when full). Per prefetcher:\n" +
-			"  HITS/MISSES  faults served from the prefetch cache / from far memory\n" +
+		Description: "Each process in the trace gets its own prefetcher. --mode says where predicted pages go,\n" +
+			"as farmem run's --prefetch-mode; each row's MODE column says which:\n" +
+			"  map    farmem run's default: a predicted page is installed in the program right away,\n" +
+			"         so touching it never faults (a hit nobody sees). On each miss the prefetcher is fed\n" +
+			"         the pages the program must have used to get there (those installed at the last\n" +
+			"         miss that lie on its way), as farmem run infers them, then the miss. Max window\n" +
+			fmt.Sprintf("         %d pages, as farmem run's --prefetch-max\n", runDefaultPrefetchMax) +
+			"  cache  Leap's: predicted pages wait in a FIFO prefetch cache; a fault that finds its\n" +
+			"         page there is a hit, seen and fed to the prefetcher, and frees its page. Max\n" +
+			fmt.Sprintf("         window %d pages, as in the paper\n", prefetch.DefaultMax) +
+			"Either way at most --cache-pages prefetched pages wait unused (installed or cached); when\n" +
+			"full, the oldest goes first, as farmem run's evictor takes installed pages in install\n" +
+			"order. Per row:\n" +
+			"  MAX          the prefetch window cap (--prefetch-max, else the mode's default)\n" +
+			"  HITS/MISSES  faults whose page was prefetched (map mode: would not have faulted) / the\n" +
+			"               faults that went to far memory\n" +
 			"  PREFETCHED   pages fetched ahead; POLLUTION: those never used (evicted or left over)\n" +
 			"  ACCURACY     hits / prefetched;  COVERAGE: hits / faults\n" +
 			"  LEAD         timeliness: faults of the process between a page's prefetch and its use\n" +
 			"               (median and mean); LEAD=1 counts hits fetched by the fault just before,\n" +
-			"               which a live run may not have received in time\n\n" +
+			"               which a live run may not have received in time\n" +
+			"  FED HITS     hits the prefetcher was told of: cache mode's hits; map mode's inferred\n\n" +
 			"A trace is farmem run --record-faults FILE (record with --prefetch none: a trace holds the\n" +
 			"run's misses only; first-touch and write-protect faults in it are skipped) or a text file\n" +
 			"with one page number (address >> 12) per line, decimal or 0x-hex, optionally after a pid;\n" +
@@ -35,10 +53,12 @@ func simCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "trace", Usage: "the fault trace FILE to replay (binary or text); required"},
 			&cli.StringFlag{Name: "prefetcher", Value: "all", Usage: "which prefetchers to compare: all, one of " + strings.Join(prefetch.Names(), ", ") + ", or a\n\tcomma list, one row each"},
-			&cli.IntFlag{Name: "cache-pages", Value: simDefaultCachePages, Usage: "prefetch cache size in 4 KiB pages"},
+			&cli.StringFlag{Name: "mode", Value: simModeBoth, Usage: "where predicted pages go: map (farmem run's default), cache (Leap's), or both (a row\n\teach)"},
+			&cli.IntFlag{Name: "cache-pages", Value: simDefaultCachePages, Usage: "most prefetched pages waiting unused, in 4 KiB pages: the prefetch cache (cache mode)\n\tor the installed pages not touched yet (map mode)"},
 			&cli.IntFlag{Name: "prefetch-history", Value: prefetch.DefaultHistory, Usage: "leap: page deltas kept and voted over"},
 			&cli.IntFlag{Name: "prefetch-split", Value: prefetch.DefaultSplit, Usage: "leap: the first vote is over history/split deltas, doubling up to history (the paper's Nsplit)"},
-			&cli.IntFlag{Name: "prefetch-max", Value: prefetch.DefaultMax, Usage: "most pages prefetched for one fault (leap's and readahead's window cap, nextn's N, stride's degree)"},
+			&cli.IntFlag{Name: "prefetch-max", Usage: "most pages prefetched for one fault (leap's and readahead's window cap, nextn's N, stride's\n\tdegree), in both modes",
+				DefaultText: fmt.Sprintf("%d in map mode, as farmem run; %d in cache mode, as the paper", runDefaultPrefetchMax, prefetch.DefaultMax)},
 			&cli.BoolFlag{Name: "json", Usage: "print the results as JSON instead of a table"},
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
@@ -50,9 +70,13 @@ func simCommand() *cli.Command {
 				return usagef("--trace FILE is required: a fault trace from farmem run --record-faults, or a text file of page numbers")
 			}
 			for _, f := range []string{"cache-pages", "prefetch-history", "prefetch-split", "prefetch-max"} {
-				if c.Int(f) < 1 {
+				if c.Int(f) < 1 && (f != "prefetch-max" || c.IsSet(f)) {
 					return usagef("--%s %d: give a positive number", f, c.Int(f))
 				}
+			}
+			modes, err := simModes(c.String("mode"))
+			if err != nil {
+				return err
 			}
 			names, err := simPrefetchers(c.String("prefetcher"))
 			if err != nil {
@@ -62,13 +86,36 @@ func simCommand() *cli.Command {
 			if err := cfg.Validate(); err != nil {
 				return usagef("%v", err)
 			}
-			res, err := simulate(c.String("trace"), cfg, names, c.Int("cache-pages"))
+			res, err := simulate(c.String("trace"), cfg, modes, names, c.Int("cache-pages"))
 			if err != nil {
 				return err
 			}
 			return writeResult(c, res, func(w io.Writer) { printSim(w, res) })
 		},
 	}
+}
+
+// simModes reads --mode: map, cache, or both (map first: farmem run's default).
+func simModes(arg string) ([]prefetch.Mode, error) {
+	switch m := prefetch.Mode(strings.TrimSpace(arg)); m {
+	case simModeBoth:
+		return prefetch.Modes(), nil
+	case prefetch.ModeMap, prefetch.ModeCache:
+		return []prefetch.Mode{m}, nil
+	}
+	return nil, usagef("--mode %q: give map (farmem run's default), cache (Leap's) or both", arg)
+}
+
+// simMax is the window cap of mode's rows: --prefetch-max when given, else the mode's default
+// (farmem run's in map mode, the paper's in cache mode).
+func simMax(cfg prefetch.Config, mode prefetch.Mode) int {
+	switch {
+	case cfg.Max != 0:
+		return cfg.Max
+	case mode == prefetch.ModeMap:
+		return runDefaultPrefetchMax
+	}
+	return prefetch.DefaultMax
 }
 
 // simPrefetchers reads --prefetcher: all, a name, or a comma list of names.
@@ -92,7 +139,8 @@ func simPrefetchers(arg string) ([]string, error) {
 	return names, nil
 }
 
-// simResult is what sim reports, as the table shows it and --json prints it.
+// simResult is what sim reports, as the table shows it and --json prints it. Each row names
+// its mode and window cap (Metrics.Mode, Metrics.Max).
 type simResult struct {
 	Trace      string             `json:"trace"`
 	Format     string             `json:"format"`  // binary or text
@@ -100,26 +148,29 @@ type simResult struct {
 	Skipped    uint64             `json:"skipped"` // first-touch and write-protect faults: nothing to fetch
 	Faults     uint64             `json:"faults"`  // replayed: Records - Skipped
 	Processes  int                `json:"processes"`
-	CachePages int                `json:"cache_pages"`
+	Modes      []prefetch.Mode    `json:"modes"`
+	CachePages int                `json:"cache_pages"` // most prefetched pages waiting unused
 	History    int                `json:"prefetch_history"`
 	Split      int                `json:"prefetch_split"`
-	Max        int                `json:"prefetch_max"`
-	Results    []prefetch.Metrics `json:"results"`
+	Results    []prefetch.Metrics `json:"results"` // by mode as Modes, then by prefetcher as given
 }
 
-// simulate replays the trace at path once, feeding every fault to one Replayer per name.
-// Trace problems are bad input: usage errors.
-func simulate(path string, cfg prefetch.Config, names []string, cachePages int) (simResult, error) {
-	res := simResult{Trace: path, Format: "text", CachePages: cachePages, History: cfg.History, Split: cfg.Split, Max: cfg.Max}
-	reps := make([]*prefetch.Replayer, len(names))
-	for i, n := range names {
-		c := cfg
-		c.Name = n
-		r, err := prefetch.NewReplayer(c, cachePages)
-		if err != nil {
-			return res, usagef("%v", err)
+// simulate reads the trace at path a single time, feeding every fault to one Replayer per
+// mode and name. cfg.Max 0 takes each mode's default (simMax). Trace problems are bad input:
+// usage errors.
+func simulate(path string, cfg prefetch.Config, modes []prefetch.Mode, names []string, cachePages int) (simResult, error) {
+	res := simResult{Trace: path, Format: "text", Modes: modes, CachePages: cachePages, History: cfg.History, Split: cfg.Split}
+	var reps []*prefetch.Replayer
+	for _, mode := range modes {
+		for _, n := range names {
+			c := cfg
+			c.Name, c.Max = n, simMax(cfg, mode)
+			r, err := prefetch.NewReplayer(c, mode, cachePages)
+			if err != nil {
+				return res, usagef("%v", err)
+			}
+			reps = append(reps, r)
 		}
-		reps[i] = r
 	}
 	tr, err := faulttrace.Open(path)
 	if err != nil {
@@ -158,6 +209,12 @@ func simulate(path string, cfg prefetch.Config, names []string, cachePages int) 
 	return res, nil
 }
 
+// simModeNotes says in a line what each mode is, for the table's header.
+var simModeNotes = map[prefetch.Mode]string{
+	prefetch.ModeMap:   "map = farmem run's default: pages installed, hits unseen and inferred from the next miss",
+	prefetch.ModeCache: "cache = Leap's: pages held in a prefetch cache, hits seen",
+}
+
 func printSim(out io.Writer, res simResult) {
 	skipped := ""
 	if res.Skipped > 0 {
@@ -168,12 +225,16 @@ func printSim(out io.Writer, res simResult) {
 		procs = "processes"
 	}
 	fmt.Fprintf(out, "%s (%s): %d faults from %d %s%s\n", res.Trace, res.Format, res.Faults, res.Processes, procs, skipped)
-	fmt.Fprintf(out, "prefetch cache %d pages; history %d, split %d, max %d\n\n", res.CachePages, res.History, res.Split, res.Max)
+	fmt.Fprintf(out, "history %d, split %d; at most %d prefetched pages waiting unused\n", res.History, res.Split, res.CachePages)
+	for _, mode := range res.Modes {
+		fmt.Fprintf(out, "%s\n", simModeNotes[mode])
+	}
+	fmt.Fprintln(out)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PREFETCHER\tFAULTS\tHITS\tMISSES\tPREFETCHED\tPOLLUTION\tACCURACY\tCOVERAGE\tLEAD P50\tLEAD MEAN\tLEAD=1")
+	fmt.Fprintln(tw, "PREFETCHER\tMODE\tMAX\tFAULTS\tHITS\tMISSES\tPREFETCHED\tPOLLUTION\tACCURACY\tCOVERAGE\tLEAD P50\tLEAD MEAN\tLEAD=1\tFED HITS")
 	for _, m := range res.Results {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\n", m.Prefetcher, m.Faults, m.Hits, m.Misses,
-			m.Prefetched, m.Pollution, 100*m.Accuracy, 100*m.Coverage, m.LeadP50, m.LeadMean, m.LeadOne)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t%d\n", m.Prefetcher, m.Mode, m.Max, m.Faults, m.Hits,
+			m.Misses, m.Prefetched, m.Pollution, 100*m.Accuracy, 100*m.Coverage, m.LeadP50, m.LeadMean, m.LeadOne, m.FedHits)
 	}
 	tw.Flush()
 }
