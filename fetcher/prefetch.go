@@ -20,7 +20,7 @@ import (
 // then costs the program no fault at all, where in Leap's cache mode (pcache.go) it still costs
 // a userfaultfd round trip, much of the gain (results/prefetch.md, "The default: leap in map
 // mode, a window of up to 32 pages"). The program's accesses to installed pages are invisible, so the pages it used are inferred
-// from where its next miss lands (consumedBetween) and fed to the prefetcher as hits: its
+// from where its next miss lands (prefetch.ConsumedBetween) and fed to the prefetcher as hits: its
 // history holds the stream's real deltas, not the gaps between misses, and its window grows with
 // them as Leap's does with cache hits. Cache mode sees its hits: they fault.
 
@@ -72,7 +72,7 @@ func (f *Fetcher) predict(pg uint64, hit bool) {
 	page := pg / ps
 	cache := f.cache
 	if cache == nil && len(s.window) > 0 {
-		s.used = consumedBetween(s.lastMiss, s.window, page, s.used[:0])
+		s.used = prefetch.ConsumedBetween(s.lastMiss, s.window, page, s.used[:0])
 		for _, u := range s.used {
 			s.out = s.pred.Access(u, true, s.out[:0])
 		}
@@ -124,32 +124,6 @@ func (f *Fetcher) predict(pg uint64, hit bool) {
 		f.finish(&b)
 		s.window = s.window[:0]
 	}
-}
-
-// consumedBetween infers which of the pages predicted at the miss prev (window, in prediction
-// order) the program used before its next miss, at miss: those it must have walked through to
-// get there. Walking the window in order, a page counts while it lies strictly between prev
-// and miss; the run counts only if miss lands within one step of the last page counted (the
-// stream went on past the window, or stopped inside it). A miss anywhere else (a jump, another
-// stream) says nothing about the window, and nothing counts.
-func consumedBetween(prev uint64, window []uint64, miss uint64, out []uint64) []uint64 {
-	between := func(x uint64) bool { return (prev < x && x < miss) || (miss < x && x < prev) }
-	dist := func(a, b uint64) uint64 { return max(a, b) - min(a, b) }
-	c := 0
-	for c < len(window) && between(window[c]) {
-		c++
-	}
-	if c == 0 {
-		return out
-	}
-	step := dist(window[0], prev)
-	if c > 1 {
-		step = max(step, dist(window[c-1], window[c-2]))
-	}
-	if dist(miss, window[c-1]) > step {
-		return out
-	}
-	return append(out, window[:c]...)
 }
 
 // prefetchLoop is the process's prefetch worker: it fetches queued batches and installs them,

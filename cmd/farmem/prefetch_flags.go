@@ -17,8 +17,8 @@ import (
 // window of up to 32 pages rather than the paper's 8 cut a sequential or strided stream's
 // remaining misses further (in map mode every miss is a uffd round trip plus a fetch, and a
 // stream pays one miss per window) at no cost on random and redis's faults. The package's own
-// defaults (prefetch.DefaultMax: 8) stay the paper's, so farmem sim compares prefetchers as
-// Leap did unless told --prefetch-max.
+// default (prefetch.DefaultMax: 8) stays the paper's: farmem sim scores cache mode with it, as
+// Leap did, and map mode with this one, as farmem run does, unless told --prefetch-max.
 const (
 	runDefaultPrefetch    = prefetch.NameLeap
 	runDefaultPrefetchMax = 32

@@ -105,7 +105,7 @@ func TestRecordFaultsReplaysInSim(t *testing.T) {
 		t.Fatalf("--record-faults without --prefetch prefetched:\n%s", out)
 	}
 	run := backendFaults(t, out)
-	sim, err := exec.Command(farmemBin(t), "sim", "--trace", trace, "--prefetcher", "leap,none", "--json").Output()
+	sim, err := exec.Command(farmemBin(t), "sim", "--trace", trace, "--prefetcher", "leap,none", "--mode", "map", "--json").Output()
 	if err != nil {
 		t.Fatalf("farmem sim: %v", err)
 	}

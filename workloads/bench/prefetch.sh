@@ -385,23 +385,28 @@ changed=$(git status --porcelain -- . ':!results' 2>/dev/null | awk '{print $2}'
   echo "## Traces replayed (\`farmem sim --prefetcher all --json\`)"
   echo
   echo "Each trace was recorded with \`farmem run --prefetch none --record-faults\` at the 25 % cap."
-  echo "sim's model is Leap's: predicted pages go to a FIFO prefetch cache (4096 pages); a fault"
-  echo "that finds its page there is a hit. Misses: faults still served from far memory (fewer is"
-  echo "better); pollution: prefetched pages never used; accuracy = hits / prefetched; coverage ="
-  echo "hits / faults; lead (timeliness): the process's faults between a page's prefetch and its"
-  echo "use, median and mean, and the share of hits with lead 1 (fetched by the fault just before,"
-  echo "which a live run may not have received in time). History 32, max 8 pages a fault."
+  echo "Each prefetcher is scored in both modes. map is what \\`farmem run\\` does by default: predicted"
+  echo "pages are installed (at most 32 a fault), a touch of one is an unseen hit, and the prefetcher"
+  echo "is fed the hits inferred from where the next miss lands. cache is Leap's model: predicted pages"
+  echo "go to a FIFO prefetch cache (at most 8 a fault), and a fault that finds its page there is a hit"
+  echo "the prefetcher sees. Either way at most 4096 prefetched pages wait unused. Misses: faults still"
+  echo "served from far memory (fewer is better); pollution: prefetched pages never used; accuracy ="
+  echo "hits / prefetched; coverage = hits / faults; lead (timeliness): the process's faults between a"
+  echo "page's prefetch and its use, median and mean, and the share of hits with lead 1 (fetched by"
+  echo "the fault just before, which a live run may not have received in time). History 32."
   for wl in $workloads; do
     j=$work/$wl-sim.json
     echo
     echo "### $(wl_title "$wl"): $(jq .faults "$j") faults replayed ($(jq .skipped "$j") first-touch/write-protect skipped), $(jq .processes "$j") process(es)"
     echo
-    echo "| prefetcher | misses | hits | prefetched | pollution | accuracy | coverage | lead p50 | lead mean | lead=1 |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
-    jq -r '.results[] | [.prefetcher, .misses, .hits, .prefetched, .pollution, .accuracy, .coverage, .lead_p50, .lead_mean, .lead_one] | @tsv' "$j" |
-      awk -F'\t' '{printf "| %s | %d | %d | %d | %d | %.1f %% | %.1f %% | %d | %.1f | %s |\n", $1, $2, $3, $4, $5, 100 * $6, 100 * $7, $8, $9, ($3 > 0) ? sprintf("%.0f %%", 100 * $10 / $3) : "-"}'
+    echo "| prefetcher | mode | max | misses | hits | prefetched | pollution | accuracy | coverage | lead p50 | lead mean | lead=1 |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    jq -r '.results[] | [.prefetcher, .mode, .prefetch_max, .misses, .hits, .prefetched, .pollution, .accuracy, .coverage, .lead_p50, .lead_mean, .lead_one] | @tsv' "$j" |
+      awk -F'\t' '{printf "| %s | %s | %d | %d | %d | %d | %d | %.1f %% | %.1f %% | %d | %.1f | %s |\n", $1, $2, $3, $4, $5, $6, $7, 100 * $8, 100 * $9, $10, $11, ($5 > 0) ? sprintf("%.0f %%", 100 * $12 / $5) : "-"}'
     echo
-    echo "Fewest misses: $(jq -r '.results | min_by(.misses) | "\(.prefetcher) (\(.misses) of \(.faults))"' "$j")."
+    for m in map cache; do
+      echo "Fewest misses in $m mode: $(jq -r --arg m "$m" '[.results[] | select(.mode == $m)] | min_by(.misses) | "\(.prefetcher) (\(.misses) of \(.faults))"' "$j")."
+    done
   done
   echo
   echo "## End to end (medians of $rounds rounds, interleaved)"
