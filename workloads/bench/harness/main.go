@@ -125,6 +125,7 @@ type harness struct {
 	// fault sources of each workload's latency plot (which is not redrawn).
 	preamble, rendered string
 	latSrcs            map[string][]string
+	cmdCells           map[string]string // each workload's command cell in the run's workloads table
 }
 
 func main() {

@@ -69,6 +69,7 @@ func (h *harness) render(csvPath string, plots bool) error {
 	if err != nil {
 		return err
 	}
+	h.cmdCells = map[string]string{}
 	if err := h.nativeRefs(string(md), wls); err != nil {
 		return err
 	}
@@ -88,7 +89,8 @@ func (h *harness) render(csvPath string, plots bool) error {
 	h.rendered = fmt.Sprintf("**Re-rendered** on %s by `bin/farmem-bench -render %s` at %s from the per-run rows of [swap.csv](swap.csv) as the run wrote them: nothing was re-run, and the header above and the workloads table are the run's. "+
 		"Why: the run's report entered every OOM-killed or timed-out run as throughput 0 in its medians, which pulled a median down (flattering farmem against swap) and called a target met against a side none of whose runs finished. "+
 		"Now each median is over the runs that finished, the stopped runs are counted beside it, and a ratio whose either side finished in fewer than most of its rounds is *not comparable*. "+
-		"The throughput plots are redrawn from the same medians; the fault-latency plots are the run's (the CSV keeps their quantiles, not the histograms).",
+		"The throughput plots are redrawn from the same medians; the fault-latency plots are the run's (the CSV keeps their quantiles, not the histograms). "+
+		"The CSV's rows are rounded (throughput and latencies to one decimal, wall time to the ms), so a figure may differ from the run's report in its last digit, and a ratio of small rates (GFLOP/s) by a few hundredths.",
 		time.Now().UTC().Format("2006-01-02"), rel, headCommit())
 	return h.report(dir, wls, cfgs, pcts, rounds, rs, nil, plots)
 }
@@ -150,10 +152,13 @@ func (h *harness) nativeRefs(md string, wls []workload) error {
 			return fmt.Errorf("swap.md: the workloads table's row for %q: %w", w.title, err)
 		}
 		r.overhead = int64(ov * (1 << 20))
-		if m := regexp.MustCompile(`\(checksum ([0-9a-f]+)\)`).FindStringSubmatch(row[1]); m != nil {
+		if m := regexp.MustCompile(`\(checksum ([^)]+)\)$`).FindStringSubmatch(row[1]); m != nil {
 			r.checksum = m[1]
 		}
 		h.refs[w.name] = r
+		// The command as the run gave it, not as this harness would: the workload's size or
+		// mix may have changed since (redis's zipfian phase was one operation a key before e510a83).
+		h.cmdCells[w.name] = row[1]
 	}
 	return nil
 }

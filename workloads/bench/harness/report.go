@@ -230,6 +230,9 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		if w.name == "pagerank" || w.name == "numpy-matmul" {
 			c += " (checksum " + r.checksum + ")"
 		}
+		if cc, ok := h.cmdCells[w.name]; ok {
+			c = cc // -render: the run's
+		}
 		p("| %s | %s | %d | %.1f | %.2f | %s |\n", w.title, c, r.peakMiB, float64(r.overhead)/(1<<20), r.nativeSec, w.metric)
 	}
 	p("\n%s\n", footprints(wls, h.refs))
@@ -406,7 +409,7 @@ func writeCSV(path string, rs []result) error {
 	w.Write(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed"}, latCSVHeader()...))
 	for _, r := range rs {
 		w.Write(append([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
-			fmt.Sprintf("%.3f", r.wall), fmt.Sprintf("%.1f", r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
+			fmt.Sprintf("%.3f", r.wall), csvTput(r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
 			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom)}, latCSV(r)...))
 	}
@@ -416,6 +419,15 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	return f.Close()
+}
+
+// csvTput keeps a throughput's digits: one decimal for rates in the hundreds and up (ops/s,
+// pages/s), six significant digits below (GFLOP/s), which one decimal would round by up to 3 %.
+func csvTput(v float64) string {
+	if v < 100 {
+		return strconv.FormatFloat(v, 'g', 6, 64)
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 // plotWorkload draws throughput (x native, log scale: swap to a file can be 100x slower) against
