@@ -86,12 +86,22 @@ func (h *harness) render(csvPath string, plots bool) error {
 		}
 	}
 	h.preamble = pre
+	stopped := 0
+	for _, r := range rs {
+		if r.timeout || r.oom {
+			stopped++
+		}
+	}
+	why := "This run had no stopped run, so its medians are as they were. "
+	if stopped > 0 {
+		why = fmt.Sprintf("Why: the run's report entered its %d OOM-killed or timed-out runs as throughput 0 in its medians, which pulled a median down (flattering farmem against swap) and called a target met against a side none of whose runs finished. "+
+			"Now each median is over the runs that finished, the stopped runs are counted beside it, and a ratio whose either side finished in fewer than most of its rounds is *not comparable*. ", stopped)
+	}
 	h.rendered = fmt.Sprintf("**Re-rendered** on %s by `bin/farmem-bench -render %s` at %s from the per-run rows of [swap.csv](swap.csv) as the run wrote them: nothing was re-run, and the header above and the workloads table are the run's. "+
-		"Why: the run's report entered every OOM-killed or timed-out run as throughput 0 in its medians, which pulled a median down (flattering farmem against swap) and called a target met against a side none of whose runs finished. "+
-		"Now each median is over the runs that finished, the stopped runs are counted beside it, and a ratio whose either side finished in fewer than most of its rounds is *not comparable*. "+
+		"%sThe sentence on the footprints now comes from the measured peaks (it said \"about 64 MiB\" at any scale), and the note under the tables says how each side's peak was measured. "+
 		"The throughput plots are redrawn from the same medians; the fault-latency plots are the run's (the CSV keeps their quantiles, not the histograms). "+
 		"The CSV's rows are rounded (throughput and latencies to one decimal, wall time to the ms), so a figure may differ from the run's report in its last digit, and a ratio of small rates (GFLOP/s) by a few hundredths.",
-		time.Now().UTC().Format("2006-01-02"), rel, headCommit())
+		time.Now().UTC().Format("2006-01-02"), rel, headCommit(), why)
 	return h.report(dir, wls, cfgs, pcts, rounds, rs, nil, plots)
 }
 
@@ -102,7 +112,8 @@ func headCommit() string {
 		return "an unknown commit"
 	}
 	c := "commit " + strings.TrimSpace(string(out))
-	if out, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); len(out) > 0 {
+	// The harness's own code: a report re-rendered a moment ago does not make it another.
+	if out, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ":/workloads/bench/harness").Output(); len(out) > 0 {
 		c += " with uncommitted changes"
 	}
 	return c
