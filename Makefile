@@ -31,9 +31,11 @@ bin/memcachedrive:
 	@mkdir -p bin
 	$(GO) build -o $@ ./workloads/bench/memcachedrive
 
+# The benchmark harness is a Go module of its own, which `./...` does not reach: its tests run too.
 test: build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
+	cd workloads/bench/harness && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 clean:
 	rm -rf bin $(SHIM)

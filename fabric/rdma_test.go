@@ -206,28 +206,52 @@ func TestRDMAReadLatency(t *testing.T) {
 	if err := tr.Create(grant(srv, 1, s, 1<<12)); err != nil {
 		t.Fatal(err)
 	}
-	pg := make([]byte, PageSize)
-	addr := []Addr{{Slab: 1, Page: 3}}
-	const n = 2000
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		if err := tr.Read(addr, pg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	one := time.Since(start) / n
+	// Pages 0..MaxPages-1 hold distinct bytes, so that a read of the wrong page, or of nothing,
+	// is caught: every read below is compared with what was written.
 	batch := make([]Addr, MaxPages)
 	for i := range batch {
 		batch[i] = Addr{Slab: 1, Page: uint32(i)}
 	}
+	want := make([]byte, MaxPages*PageSize)
+	for i := range want {
+		want[i] = byte(i*7 + i/PageSize*13 + 1)
+	}
+	if err := tr.Write(batch, want); err != nil {
+		t.Fatal(err)
+	}
+	pg := make([]byte, PageSize)
+	addr := []Addr{{Slab: 1, Page: 3}}
+	const n = 2000
+	var el time.Duration
+	for i := 0; i < n; i++ {
+		clear(pg)
+		start := time.Now()
+		if err := tr.Read(addr, pg); err != nil {
+			t.Fatal(err)
+		}
+		el += time.Since(start)
+		if !bytes.Equal(pg, want[3*PageSize:4*PageSize]) {
+			t.Fatalf("read %d of page 3: not what was written", i)
+		}
+	}
+	one := el / n
 	buf := make([]byte, MaxPages*PageSize)
-	start = time.Now()
+	el = 0
 	for i := 0; i < 10; i++ {
+		clear(buf)
+		start := time.Now()
 		if err := tr.Read(batch, buf); err != nil {
 			t.Fatal(err)
 		}
+		el += time.Since(start)
+		if !bytes.Equal(buf, want) {
+			for j := range batch {
+				if !bytes.Equal(buf[j*PageSize:(j+1)*PageSize], want[j*PageSize:(j+1)*PageSize]) {
+					t.Fatalf("batch read %d: page %d is not what was written", i, j)
+				}
+			}
+		}
 	}
-	el := time.Since(start)
 	t.Logf("rdma on %s: 4 KiB read %v each; batches of %d: %.0f pages/s (%.1f MB/s)", tr.(*RDMAClient).Device(),
 		one, MaxPages, float64(10*MaxPages)/el.Seconds(), float64(10*MaxPages*PageSize)/el.Seconds()/1e6)
 }

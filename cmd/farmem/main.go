@@ -85,7 +85,7 @@ func runCommand() *cli.Command {
 			"thresholds only tell farmem when the program nears the cap, so that farmem need not poll.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
-			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too (redis pages: lz4 7x, zstd 9x smaller), at a cost: at a 25% cap, lz4 gave\n\t0.65-1.0x and zstd 0.6-0.8x of none's throughput here (results/redis.md)"},
+			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too, at a cost: at a 25% cap redis ran 0.91-1.04x as fast with lz4 and\n\t0.74-0.76x with zstd as with none (results/redis.md, measured before the pinning: stale)"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
 			&cli.StringFlag{Name: "transport", Value: "tcp", Usage: "with --ctrl: how to reach memory servers: tcp; shm (a memory server on this host started\n\twith --shm DIR is reached through shared memory: no request per page; others by tcp); rdma"},
 			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},

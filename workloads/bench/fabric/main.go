@@ -15,6 +15,10 @@
 //   - fault service through userfaultfd, handler and faulting thread on one CPU as farmem's
 //     fetcher places them: zero-fill (UFFDIO_ZEROPAGE, and UFFDIO_COPY of zeros), a local
 //     page copied in (the embedded store), and a page fetched over shm and over tcp.
+//
+// Every page read is compared with what was written there (each path's check, run after the
+// timed call so that it costs the figures nothing; the raw stream's last MiB of each call, and
+// every MiB of an untimed pass before it is measured); a mismatch stops the benchmark.
 package main
 
 import (
@@ -101,8 +105,7 @@ func serve(sock string, spin time.Duration) {
 	check(err)
 	rl, err := net.Listen("tcp", "127.0.0.1:0")
 	check(err)
-	rawMem = make([]byte, slabPages*fabric.PageSize+fabric.HeaderSize)
-	rand.New(rand.NewSource(1)).Read(rawMem)
+	rawMem = rawBytes()
 	go srv.Serve(tl)
 	go srv.Serve(ul)
 	go func() {
@@ -147,8 +150,28 @@ var sink byte
 // the server waits for the next request with (see pollRecv).
 const opStream = 0xEE
 
-// rawMem is the raw server's "slab".
+// rawMem is the raw server's "slab" (in the child), and what its answers must hold (in the parent).
 var rawMem []byte
+
+func rawBytes() []byte {
+	b := make([]byte, slabPages*fabric.PageSize+fabric.HeaderSize)
+	rand.New(rand.NewSource(1)).Read(b)
+	return b
+}
+
+// mismatch stops the benchmark: a figure over wrong data is no figure.
+func mismatch(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "bench-fabric: DATA MISMATCH: "+format+"\n", a...)
+	os.Exit(1)
+}
+
+// rawCheck compares the raw server's last answer to a read of n pages from p with rawMem.
+func (r *rawClient) check(p, n int) {
+	a := max(p*fabric.PageSize-fabric.HeaderSize, 0)
+	if !bytes.Equal(r.ans[fabric.HeaderSize:fabric.HeaderSize+n*fabric.PageSize], rawMem[a+fabric.HeaderSize:a+fabric.HeaderSize+n*fabric.PageSize]) {
+		mismatch("raw loopback read of %d pages from page %d", n, p)
+	}
+}
 
 func rawServe(fd int) {
 	req := make([]byte, fabric.HeaderSize+fabric.MaxPages*fabric.AddrSize)
@@ -223,6 +246,8 @@ type rawClient struct {
 	spin time.Duration
 	req  []byte
 	ans  []byte
+	off  int // where the server's next streamed MiB starts in rawMem (it keeps the same count)
+	last int // where the last streamed MiB, still in ans, started
 }
 
 func dialRaw(addr string, spin time.Duration) *rawClient {
@@ -241,8 +266,9 @@ func (r *rawClient) read(p, n int) {
 	}
 }
 
-// stream receives mib MiB streamed by the server.
-func (r *rawClient) stream(mib int) {
+// stream receives mib MiB streamed by the server; with verify it compares each MiB with rawMem
+// (the measured calls leave that to checkLast: comparing 1 MiB costs a good part of receiving it).
+func (r *rawClient) stream(mib int, verify bool) {
 	(&fabric.Header{Op: fabric.OpRead, Count: uint32(mib)}).Put(r.req)
 	r.req[2] = opStream
 	if !writeFull(r.fd, r.req[:fabric.HeaderSize]) {
@@ -252,6 +278,17 @@ func (r *rawClient) stream(mib int) {
 		if !readFull(r.fd, r.ans[:1<<20], 0) {
 			panic("raw stream failed")
 		}
+		r.last, r.off = r.off, (r.off+1<<20)%(slabPages*fabric.PageSize)
+		if verify {
+			r.checkLast()
+		}
+	}
+}
+
+// checkLast compares the last MiB streamed with rawMem.
+func (r *rawClient) checkLast() {
+	if !bytes.Equal(r.ans[:1<<20], rawMem[r.last:r.last+1<<20]) {
+		mismatch("raw loopback stream: the MiB from offset %d", r.last)
 	}
 }
 
@@ -288,6 +325,7 @@ type path struct {
 	name, note string
 	pages      int // per call
 	f          func(i int)
+	check      func(i int) // compares what call i read with what was written (untimed)
 	h          latency.Histogram
 	roundP50   []time.Duration // each round's p50: how much the rounds differ
 	calls      int
@@ -300,22 +338,27 @@ func measure(paths []*path, rounds, calls int) {
 	for _, p := range paths {
 		for i := 0; i < max(calls/10, 2); i++ {
 			p.f(i)
+			if p.check != nil {
+				p.check(i)
+			}
 		}
 	}
 	for r := 0; r < rounds; r++ {
 		for k := range paths {
 			p := paths[(k+r)%len(paths)]
 			var rh latency.Histogram
-			start := time.Now()
 			for i := 0; i < calls; i++ {
 				t0 := time.Now()
 				p.f(p.calls)
 				d := time.Since(t0)
 				p.h.Record(d)
 				rh.Record(d)
+				p.elapsed += d // the calls' time only: the checks are not in it
+				if p.check != nil {
+					p.check(p.calls)
+				}
 				p.calls++
 			}
-			p.elapsed += time.Since(start)
 			p.roundP50 = append(p.roundP50, rh.Quantile(0.5))
 		}
 	}
@@ -395,6 +438,13 @@ func run() error {
 	// mapping populated), from the same random bytes.
 	data := make([]byte, fabric.MaxPages*fabric.PageSize)
 	rand.New(rand.NewSource(1)).Read(data)
+	// want is what page p of every slab holds: written from data, MaxPages at a time; the
+	// write paths below write the same bytes back, so it stays so.
+	want := func(p uint32) []byte {
+		o := int(p%fabric.MaxPages) * fabric.PageSize
+		return data[o : o+fabric.PageSize]
+	}
+	rawMem = rawBytes()
 	for _, p := range []struct {
 		slab uint64
 		t    fabric.Transport
@@ -445,6 +495,32 @@ func run() error {
 	page := make([]byte, fabric.PageSize)
 	buf := make([]byte, *batch*fabric.PageSize)
 	buf2 := make([]byte, *batch*fabric.PageSize)
+	// What a batch's pages hold, in order: what the write paths write (the pages keep their
+	// content), and what the reads must find.
+	var wbuf [nb][]byte
+	for i, ps := range batchPages {
+		wbuf[i] = make([]byte, 0, len(ps)*fabric.PageSize)
+		for _, p := range ps {
+			wbuf[i] = append(wbuf[i], want(p)...)
+		}
+	}
+	checkOne := func(what string) func(int) {
+		return func(i int) {
+			if p := singlePages[i%len(singlePages)]; !bytes.Equal(page, want(p)) {
+				mismatch("%s: page %d", what, p)
+			}
+		}
+	}
+	checkBatch := func(what string, b []byte, k int) {
+		if !bytes.Equal(b, wbuf[k%nb]) {
+			for j, p := range batchPages[k%nb] {
+				if !bytes.Equal(b[j*fabric.PageSize:(j+1)*fabric.PageSize], want(p)) {
+					mismatch("%s: page %d (the %dth of batch %d)", what, p, j, k%nb)
+				}
+			}
+			mismatch("%s: batch %d", what, k%nb)
+		}
+	}
 	c2 := cfg
 	c2.Conns = 2
 	tcp2, err := fabric.DialTCP(plainAddr, c2)
@@ -473,17 +549,18 @@ func run() error {
 	for _, pl := range places {
 		rows := []*path{
 			{name: "raw loopback tcp ping-pong" + pl.name, note: "36 B request, 4120 B answer (a random page of 64 MiB); one write each way, blocking reads",
-				f: func(i int) { raw.read(int(singlePages[i%len(singlePages)]), 1) }},
+				f: func(i int) { raw.read(int(singlePages[i%len(singlePages)]), 1) }, check: func(i int) { raw.check(int(singlePages[i%len(singlePages)]), 1) }},
 			{name: "raw loopback tcp ping-pong, polling " + ps + pl.name, note: "the same, each side polling up to " + ps + " before it blocks",
-				f: func(i int) { praw.read(int(singlePages[i%len(singlePages)]), 1) }},
-			{name: "fabric tcp Read" + pl.name, note: "1 page, blocking (Spin 0)", f: func(i int) { must(tcp.Read(one(1, i), page)) }},
-			{name: "fabric tcp Read, polling " + ps + pl.name, note: "1 page; DialConfig.Spin and ServerConfig.Spin " + ps, f: func(i int) { must(ptcp.Read(one(3, i), page)) }},
+				f: func(i int) { praw.read(int(singlePages[i%len(singlePages)]), 1) }, check: func(i int) { praw.check(int(singlePages[i%len(singlePages)]), 1) }},
+			{name: "fabric tcp Read" + pl.name, note: "1 page, blocking (Spin 0)", f: func(i int) { must(tcp.Read(one(1, i), page)) }, check: checkOne("fabric tcp Read")},
+			{name: "fabric tcp Read, polling " + ps + pl.name, note: "1 page; DialConfig.Spin and ServerConfig.Spin " + ps, f: func(i int) { must(ptcp.Read(one(3, i), page)) },
+				check: checkOne("fabric tcp Read, polling")},
 		}
 		if pl.name == "" {
 			rows = append(rows, &path{name: "memcpy 4 KiB", note: "a random page of a 64 MiB buffer", f: func(i int) {
 				p := int(singlePages[i%len(singlePages)]) * fabric.PageSize
 				copy(page, local[p:p+fabric.PageSize])
-			}}, &path{name: "fabric shm Read", note: "1 page", f: func(i int) { must(shm.Read(one(2, i), page)) }})
+			}, check: checkOne("memcpy")}, &path{name: "fabric shm Read", note: "1 page", f: func(i int) { must(shm.Read(one(2, i), page)) }, check: checkOne("fabric shm Read")})
 		}
 		check(pinProcess(os.Getpid(), pl.self))
 		check(pinProcess(child.Process.Pid, pl.server))
@@ -498,36 +575,61 @@ func run() error {
 	fmt.Fprintf(os.Stderr, "bench-fabric: throughput, %d rounds of %d requests of %d pages per path\n", *rounds, bn, *batch)
 	thr := []*path{
 		{name: "raw loopback tcp ping-pong", pages: *batch, note: fmt.Sprintf("%d B request, %d B answer (a random 1 MiB of 64 MiB), blocking", fabric.HeaderSize+*batch*fabric.AddrSize, fabric.HeaderSize+*batch*fabric.PageSize),
-			f: func(i int) { raw.read(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }},
-		{name: "raw loopback tcp stream", pages: mib * 256, note: fmt.Sprintf("one way, %d MiB per call in 1 MiB writes, no requests", mib), f: func(int) { raw.stream(mib) }},
-		{name: "fabric tcp Read", pages: *batch, note: "random pages, blocking", f: func(i int) { must(tcp.Read(b1[i%nb], buf)) }},
+			f: func(i int) { raw.read(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }, check: func(i int) { raw.check(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }},
+		{name: "raw loopback tcp stream", pages: mib * 256, note: fmt.Sprintf("one way, %d MiB per call in 1 MiB writes, no requests", mib), f: func(int) { raw.stream(mib, false) },
+			check: func(int) { raw.checkLast() }},
+		{name: "fabric tcp Read", pages: *batch, note: "random pages, blocking", f: func(i int) { must(tcp.Read(b1[i%nb], buf)) }, check: func(i int) { checkBatch("fabric tcp Read", buf, i) }},
 		{name: "fabric tcp Read, 2 in flight", pages: 2 * *batch, note: "random pages, blocking; two goroutines on two connections, one request each per call",
 			f: func(i int) {
 				done := make(chan error, 1)
 				go func() { done <- tcp2.Read(b1[(i+1)%nb], buf2) }()
 				must(tcp2.Read(b1[i%nb], buf))
 				must(<-done)
+			}, check: func(i int) {
+				checkBatch("fabric tcp Read, 2 in flight", buf, i)
+				checkBatch("fabric tcp Read, 2 in flight", buf2, i+1)
 			}},
-		{name: "fabric tcp Write", pages: *batch, note: "random pages, blocking", f: func(i int) { must(tcp.Write(b1[i%nb], buf)) }},
-		{name: "fabric tcp Read, polling " + ps, pages: *batch, note: "random pages", f: func(i int) { must(ptcp.Read(b3[i%nb], buf)) }},
+		{name: "fabric tcp Write", pages: *batch, note: "random pages, blocking", f: func(i int) { must(tcp.Write(b1[i%nb], wbuf[i%nb])) }},
+		{name: "fabric tcp Read, polling " + ps, pages: *batch, note: "random pages", f: func(i int) { must(ptcp.Read(b3[i%nb], buf)) },
+			check: func(i int) { checkBatch("fabric tcp Read, polling", buf, i) }},
 		{name: "memcpy", pages: *batch, note: "random pages of a 64 MiB buffer", f: func(i int) {
 			for j, p := range batchPages[i%nb] {
 				o := int(p) * fabric.PageSize
 				copy(buf[j*fabric.PageSize:(j+1)*fabric.PageSize], local[o:o+fabric.PageSize])
 			}
-		}},
-		{name: "fabric shm Read", pages: *batch, note: "random pages", f: func(i int) { must(shm.Read(b2[i%nb], buf)) }},
-		{name: "fabric shm Write", pages: *batch, note: "random pages", f: func(i int) { must(shm.Write(b2[i%nb], buf)) }},
+		}, check: func(i int) { checkBatch("memcpy", buf, i) }},
+		{name: "fabric shm Read", pages: *batch, note: "random pages", f: func(i int) { must(shm.Read(b2[i%nb], buf)) }, check: func(i int) { checkBatch("fabric shm Read", buf, i) }},
+		{name: "fabric shm Write", pages: *batch, note: "random pages", f: func(i int) { must(shm.Write(b2[i%nb], wbuf[i%nb])) }},
 	}
+	raw.stream(min(mib, 64), true) // every byte of a stream, untimed: the measured calls check their last MiB
 	// The stream moves as much as all the other paths' requests together: one call per round.
 	measure(thr[:1], *rounds, bn)
 	measure(thr[1:2], *rounds, 1)
 	measure(thr[2:], *rounds, bn)
+	// The writes above wrote each page's own content back: every page of every slab must
+	// still hold it, read over the transport that wrote it.
+	for _, sl := range []struct {
+		slab uint64
+		t    fabric.Transport
+		name string
+	}{{1, tcp, "tcp"}, {2, shm, "shm"}, {3, ptcp, "tcp, polling"}} {
+		for first := 0; first < slabPages; first += fabric.MaxPages {
+			addrs := make([]fabric.Addr, fabric.MaxPages)
+			for i := range addrs {
+				addrs[i] = fabric.Addr{Slab: sl.slab, Page: uint32(first + i)}
+			}
+			got := make([]byte, fabric.MaxPages*fabric.PageSize)
+			must(sl.t.Read(addrs, got))
+			if !bytes.Equal(got, data) {
+				mismatch("slab %d over %s, after the writes: pages %d-%d", sl.slab, sl.name, first, first+fabric.MaxPages-1)
+			}
+		}
+	}
 
 	var flt []*path
 	if *faults > 0 {
 		fmt.Fprintf(os.Stderr, "bench-fabric: fault service, %d rounds of %d faults per path\n", *rounds, max(*faults / *rounds, 1))
-		fl, err := faultBench(max(*faults / *rounds, 1), *rounds, map[string]fabric.Transport{"tcp": tcp, "shm": shm, "ptcp": ptcp}, local, ps,
+		fl, err := faultBench(max(*faults / *rounds, 1), *rounds, map[string]fabric.Transport{"tcp": tcp, "shm": shm, "ptcp": ptcp}, local, want, ps,
 			func(cpus []int) { check(pinProcess(child.Process.Pid, cpus)) })
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "bench-fabric: fault service not measured: %v\n", err)
@@ -555,7 +657,9 @@ func report(lat, thr, flt []*path, ps string) error {
 		"the peer polls with non-blocking receives, yielding the CPU between tries, for up to %s before it sleeps; "+
 		"the raw floor is measured both ways. What sleeps depends on how busy the machine is: a vCPU with nothing "+
 		"to run halts (no halt-polling when guest_halt_poll_ns is 0), and waking it costs tens of microseconds, so "+
-		"the sleeping figures are worse on an idle machine than under load; \"rounds' p50\" shows the spread.\n\n", *rounds, ps, ps)
+		"the sleeping figures are worse on an idle machine than under load; \"rounds' p50\" shows the spread. "+
+		"Every page read was compared with what was written there, after each timed call (the raw stream: each call's last MiB, and every byte of an untimed call), "+
+		"every page a fault installed too, and every slab read back whole after the writes; a mismatch stops the benchmark.\n\n", *rounds, ps, ps)
 
 	fmt.Fprintf(&b, "## 4 KiB read latency\n\n| path | p50 µs | p99 µs | mean µs | rounds' p50 µs | note |\n|---|---:|---:|---:|---|---|\n")
 	for _, r := range lat {
@@ -685,7 +789,7 @@ func yes(ok bool) string {
 // fault thread on the faulting thread's CPU). Served by zero-fill, by a copy of a local page
 // (what the embedded store does), and by a page fetched over shm and over tcp (blocking and
 // polling).
-func faultBench(n, rounds int, tr map[string]fabric.Transport, local []byte, ps string, pinServer func([]int)) ([]*path, error) {
+func faultBench(n, rounds int, tr map[string]fabric.Transport, local []byte, want func(uint32) []byte, ps string, pinServer func([]int)) ([]*path, error) {
 	const region = slabPages * fabric.PageSize
 	fd, err := uffd.Open(0) // kept open to the end: its handler thread blocks on it
 	if err != nil {
@@ -731,13 +835,14 @@ func faultBench(n, rounds int, tr map[string]fabric.Transport, local []byte, ps 
 		name   string
 		serve  func(addr uint64, buf []byte) error
 		server []int // the servers' CPUs while this mode runs (nil: all)
+		zero   bool  // the page it installs is zeros (else the page's content, want)
 	}
 	modes := []mode{
-		{name: "zero-fill (UFFDIO_ZEROPAGE)", serve: func(addr uint64, _ []byte) error {
+		{name: "zero-fill (UFFDIO_ZEROPAGE)", zero: true, serve: func(addr uint64, _ []byte) error {
 			_, err := uffd.ZeroPage(fd, addr, fabric.PageSize, 0)
 			return err
 		}},
-		{name: "zero-fill by UFFDIO_COPY of zeros (a write fault's first touch)", serve: func(addr uint64, _ []byte) error {
+		{name: "zero-fill by UFFDIO_COPY of zeros (a write fault's first touch)", zero: true, serve: func(addr uint64, _ []byte) error {
 			_, err := uffd.Copy(fd, addr, unsafe.Pointer(&zeros[0]), fabric.PageSize, 0)
 			return err
 		}},
@@ -819,7 +924,8 @@ func faultBench(n, rounds int, tr map[string]fabric.Transport, local []byte, ps 
 						unix.Madvise(mem, unix.MADV_DONTNEED) // absent again: they fault again
 						next = 0
 					}
-					p := unsafe.Pointer(&mem[order[next]*fabric.PageSize])
+					pg := order[next]
+					p := unsafe.Pointer(&mem[pg*fabric.PageSize])
 					next++
 					t0 := time.Now()
 					sink += *(*byte)(p)
@@ -827,6 +933,14 @@ func faultBench(n, rounds int, tr map[string]fabric.Transport, local []byte, ps 
 					if j >= n/10 {
 						h.Record(d)
 						rh.Record(d)
+					}
+					// The page the fault installed, untimed: zeros, or the page's content.
+					w := zeros
+					if !modes[i].zero {
+						w = want(uint32(pg))
+					}
+					if !bytes.Equal(mem[pg*fabric.PageSize:(pg+1)*fabric.PageSize], w) {
+						mismatch("a fault served by %s installed the wrong bytes at page %d", modes[i].name, pg)
 					}
 				}
 			}()

@@ -12,6 +12,7 @@
 // Usage (as root, from the repository root; make bench-swap):
 //
 //	bin/farmem-bench [-rounds N] [-workloads LIST] [-caps LIST] [-configs LIST] [-scale F] [-out DIR]
+//	bin/farmem-bench -render results/swap.csv   # re-make a run's report from its rows, running nothing
 package main
 
 import (
@@ -120,6 +121,11 @@ type harness struct {
 	partial  bool     // the last of them was cut short by the budget
 	fileRSS  int64    // the last native server run's file-backed RSS (its binary and libraries)
 	cluster  *cluster // the ctrl and memory server of the farmem-tcp/-shm configurations
+	// -render: the run's header (from its swap.md), the note on what was re-rendered, and the
+	// fault sources of each workload's latency plot (which is not redrawn).
+	preamble, rendered string
+	latSrcs            map[string][]string
+	cmdCells           map[string]string // each workload's command cell in the run's workloads table
 }
 
 func main() {
@@ -134,6 +140,7 @@ func main() {
 	flag.StringVar(&commit, "commit", "", "the farmem commit to name in the report (default: git rev-parse HEAD here)")
 	nopaging := flag.Int("nopaging", 150, "also run farmem at this % of the peak, where it should not page (0: not)")
 	budget := flag.Duration("budget", 0, "start no round that would end after this long (0: no limit); the report says how many rounds ran")
+	render := flag.String("render", "", "run nothing: re-make the report (swap.md, throughput plots) in this CSV's directory from its per-run rows, e.g. -render results/swap.csv")
 	flag.Parse()
 	if flag.NArg() > 0 || *rounds < 1 || *scale <= 0 {
 		flag.Usage()
@@ -142,6 +149,13 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	h := &harness{ctx: ctx, timeout: *timeout, refs: map[string]*ref{}, budget: *budget}
+	if *render != "" {
+		if err := h.render(*render, *plots); err != nil {
+			fmt.Fprintf(os.Stderr, "farmem-bench: -render: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	err := h.main(*rounds, split(*wls), split(*caps), split(*cfgs), *nopaging, *scale, *out, *plots)
 	h.cluster.stop()
 	// Swap and cgroups change the machine: always undo them, whatever happened.
@@ -512,7 +526,7 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 	}
 	res.wall, res.tput, res.p50, res.p99, res.timeout = r.wall, r.tput, r.p50, r.p99, r.timeout
 	if res.oom {
-		res.tput, res.timeout = 0, true // counted with the runs stopped, and flagged as OOM
+		res.tput, res.timeout = 0, true // stopped (the CSV's 0 is no throughput: summarize skips it)
 		return res, nil
 	}
 	if res.timeout {
@@ -825,7 +839,8 @@ func vmstat() map[string]uint64 {
 	return m
 }
 
-// median of the runs' values; timed-out runs count as 0 throughput (a bound, flagged).
+// median of the values (summarize gives it the runs that finished only: a stopped run has no
+// throughput, and is counted beside the median, not entered as a 0).
 func median(v []float64) float64 {
 	if len(v) == 0 {
 		return math.NaN()

@@ -87,15 +87,38 @@ func (f *facts) end(start time.Time) {
 	f.loadEnd, f.busyEnd = loadavg(), busy()
 }
 
-// stat is the medians of one workload's runs in one configuration.
+// stat is the medians of one workload's runs in one configuration: over the runs that
+// finished. A run stopped at its time limit or OOM-killed has no throughput; it is counted
+// (timeouts, ooms), never entered as a zero, which would drag the median down (and flatter
+// whatever it is compared with).
 type stat struct {
-	n, timeouts, ooms     int
+	cfgName               string
+	n, timeouts, ooms     int // runs, and of them stopped (timeouts counts the OOM kills too)
 	tput, wall, p50, p99  float64
 	faults, inMiB, outMiB float64
 	fsP50, fsP99          float64
 	peakMiB               float64
 	capMiB                int
 	limitMiB              float64
+}
+
+// done is how many of the runs finished.
+func (s stat) done() int { return s.n - s.timeouts }
+
+// comparable: the runs that finished are most of the rounds, so their median stands for the
+// configuration; a median of the few runs that survived would be the survivors' figure.
+func (s stat) comparable() bool { return s.n > 0 && 2*s.done() > s.n }
+
+// stopped says how many runs were stopped and why, "" when none was: "1 of 3 OOM-killed".
+func (s stat) stopped() string {
+	var w []string
+	if s.ooms > 0 {
+		w = append(w, fmt.Sprintf("%d of %d OOM-killed", s.ooms, s.n))
+	}
+	if t := s.timeouts - s.ooms; t > 0 {
+		w = append(w, fmt.Sprintf("%d of %d timed out", t, s.n))
+	}
+	return strings.Join(w, ", ")
 }
 
 func summarize(rs []result, wl string, c config) (s stat, ok bool) {
@@ -105,12 +128,14 @@ func summarize(rs []result, wl string, c config) (s stat, ok bool) {
 			continue
 		}
 		s.n++
+		s.cfgName = c.name()
 		s.capMiB, s.limitMiB = r.capMiB, float64(r.limitB)/(1<<20)
-		if r.timeout {
-			s.timeouts++
-		}
 		if r.oom {
 			s.ooms++
+		}
+		if r.timeout || r.oom {
+			s.timeouts++
+			continue // counted, not measured
 		}
 		tp = append(tp, r.tput)
 		wa = append(wa, r.wall)
@@ -131,16 +156,24 @@ func summarize(rs []result, wl string, c config) (s stat, ok bool) {
 }
 
 func ratio(a, b float64) string {
-	switch {
-	case b == 0 && a > 0:
-		return "∞ (other timed out)"
-	case b == 0 || math.IsNaN(a) || math.IsNaN(b):
+	if b <= 0 || math.IsNaN(a) || math.IsNaN(b) {
 		return "-"
 	}
 	if a/b < 0.1 {
 		return fmt.Sprintf("%.3f", a/b) // paging micro walks run at 1/100 of native and below
 	}
 	return fmt.Sprintf("%.2f", a/b)
+}
+
+// versus is a/b for two configurations' medians, or why there is none: a side whose runs
+// finished in fewer than most of its rounds is not comparable.
+func versus(a, b stat) string {
+	for _, s := range []stat{a, b} {
+		if !s.comparable() {
+			return fmt.Sprintf("not comparable (%s finished %d of %d)", s.cfgName, s.done(), s.n)
+		}
+	}
+	return ratio(a.tput, b.tput)
 }
 
 func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, rounds int, rs []result, f *facts, plots bool) error {
@@ -151,19 +184,25 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		cmd = "ROUNDS=" + v + " " + cmd
 	}
 	p("# farmem vs Linux swap, side by side\n\n")
-	p("Command: `%s` (from the repository root, as root), started %s, took %.0f s.\n",
-		strings.TrimSpace(cmd), f.started.Format("2006-01-02 15:04 UTC"), f.took.Seconds())
-	p("Machine: %d cores (%s), %d GiB, Linux %s; farmem %s; Go %s.\n", runtime.NumCPU(), f.cpu, f.memGiB, f.kernel, f.commit, runtime.Version())
-	p("Load average at the start: %s (%s); at the end: %s (%s).\n", f.loadStart, f.busyStart, f.loadEnd, f.busyEnd)
-	l0, _ := strconv.ParseFloat(strings.Fields(f.loadStart + " 0")[0], 64)
-	l1, _ := strconv.ParseFloat(strings.Fields(f.loadEnd + " 0")[0], 64)
-	if max(l0, l1) > float64(runtime.NumCPU())/2 {
-		p("\n**This run was not on an idle machine** (1-minute load %.1f at the start and %.1f at the end, on %d cores): other work ran alongside, so absolute numbers are noisy and slower than on an idle machine; the interleaved rounds spread that over every configuration alike, which keeps the ratios more meaningful than the absolute figures.\n", l0, l1, runtime.NumCPU())
+	if h.preamble != "" {
+		// -render: the run's own header, as its report had it; the note says what was redone.
+		p("%s\n", h.preamble)
+		p("\n%s\n", h.rendered)
+	} else {
+		p("Command: `%s` (from the repository root, as root), started %s, took %.0f s.\n",
+			strings.TrimSpace(cmd), f.started.Format("2006-01-02 15:04 UTC"), f.took.Seconds())
+		p("Machine: %d cores (%s), %d GiB, Linux %s; farmem %s; Go %s.\n", runtime.NumCPU(), f.cpu, f.memGiB, f.kernel, f.commit, runtime.Version())
+		p("Load average at the start: %s (%s); at the end: %s (%s).\n", f.loadStart, f.busyStart, f.loadEnd, f.busyEnd)
+		l0, _ := strconv.ParseFloat(strings.Fields(f.loadStart + " 0")[0], 64)
+		l1, _ := strconv.ParseFloat(strings.Fields(f.loadEnd + " 0")[0], 64)
+		if max(l0, l1) > float64(runtime.NumCPU())/2 {
+			p("\n**This run was not on an idle machine** (1-minute load %.1f at the start and %.1f at the end, on %d cores): other work ran alongside, so absolute numbers are noisy and slower than on an idle machine; the interleaved rounds spread that over every configuration alike, which keeps the ratios more meaningful than the absolute figures.\n", l0, l1, runtime.NumCPU())
+		}
+		if d := damonPageout(); d != "" {
+			p("\n**DAMON proactive reclaim was on** (%s). With no swap it can only drop clean file pages; while a swap run has swap on, it can also page out cold anonymous pages, of the measured program before its cgroup's limit would, and of any other process, whose swap traffic then counts in that run's pswpin/pswpout (the swap rows' MiB in/out); the swap rows' faults are the cgroup's own. It belongs to the machine's setup and was left alone.\n", d)
+		}
 	}
-	if d := damonPageout(); d != "" {
-		p("\n**DAMON proactive reclaim was on** (%s). With no swap it can only drop clean file pages; while a swap run has swap on, it can also page out cold anonymous pages, of the measured program before its cgroup's limit would, and of any other process, whose swap traffic then counts in that run's pswpin/pswpout (the swap rows' MiB in/out); the swap rows' faults are the cgroup's own. It belongs to the machine's setup and was left alone.\n", d)
-	}
-	p("\nEvery row is the median of up to %d rounds", h.rounds)
+	p("\nEvery row is the median of the runs that finished, of up to %d rounds", h.rounds)
 	if h.rounds < rounds || h.partial {
 		p(" (%d were asked for; the run stopped at its time budget, -budget %v", rounds, h.budget)
 		if h.partial {
@@ -178,7 +217,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus the kernel memory the native run's cgroup was charged (`memory.kmem.max_usage_in_bytes`: page tables, slab), the *overhead* column below; page cache gets nothing extra, as the cgroup reclaims it before it swaps anything (a server's binary and libraries were cached and charged before its cgroup existed and are not charged to it). Both therefore hold about CAP of anonymous memory; file-backed pages are outside both caps. At 100 %% both hold the whole native footprint.\n")
 	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
-	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) and counted as throughput 0 (*timed out*); a swap run whose program the cgroup's OOM killer ended (Linux could not hold it at that limit even with swap) is counted as throughput 0 too and flagged.\n")
+	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) (*timed out*); a swap run whose program the cgroup's OOM killer ended (Linux could not hold it at that limit even with swap) is *OOM-killed*. Neither has a throughput: each median is over the runs that finished, and the runs stopped are counted beside it (\"0.96 (1 of 3 OOM-killed)\"), never entered as a zero. A ratio or target whose either side finished in fewer than most of its rounds is *not comparable*.\n")
 	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: its summary's `moved:` line, prefetches included, or backend faults and evictions written x 4 KiB from older farmems; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
 	p("\n## Workloads\n\n| workload | command | peak RSS MiB | cgroup overhead MiB | native s | throughput metric |\n|---|---|---|---|---|---|\n")
 	for _, w := range wls {
@@ -191,9 +230,12 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		if w.name == "pagerank" || w.name == "numpy-matmul" {
 			c += " (checksum " + r.checksum + ")"
 		}
+		if cc, ok := h.cmdCells[w.name]; ok {
+			c = cc // -render: the run's
+		}
 		p("| %s | %s | %d | %.1f | %.2f | %s |\n", w.title, c, r.peakMiB, float64(r.overhead)/(1<<20), r.nativeSec, w.metric)
 	}
-	p("\nThe footprints are small (about 64 MiB, not GiB): with 4 caps x 4 configurations plus native and no-paging, 3 rounds, and paging runs 10-100x slower than native, GiB-scale runs do not fit this machine's ~25-minute budget. Larger runs: `-scale` (`make bench-swap FLAGS=\"-scale 8\"`).\n")
+	p("\n%s\n", footprints(wls, h.refs))
 
 	// Headline: x native per cap, and farmem over swap.
 	nat := map[string]stat{}
@@ -213,23 +255,25 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				if !ok {
 					return "-"
 				}
+				if s.done() == 0 {
+					return "none finished (" + s.stopped() + ")"
+				}
 				v := ratio(s.tput, n.tput)
-				if s.timeouts > 0 {
-					v += fmt.Sprintf(" (%d of %d stopped: timeout or OOM kill)", s.timeouts, s.n)
+				if st := s.stopped(); st != "" && !s.comparable() {
+					v += " (" + st + "; not comparable)"
+				} else if st != "" {
+					v += " (" + st + ")"
 				}
 				return v
 			}
-			best := func() (float64, bool) { // farmem as users run it (its default prefetcher)
-				a, ok := summarize(rs, w.name, find("farmem", "", "", pct))
-				return a.tput, ok
-			}
 			vs := func(sw string) string {
-				fb, ok := best()
+				// farmem as users run it (its default prefetcher)
+				a, ok := summarize(rs, w.name, find("farmem", "", "", pct))
 				s, ok2 := summarize(rs, w.name, find("swap", "", sw, pct))
 				if !ok || !ok2 {
 					return "-"
 				}
-				return ratio(fb, s.tput)
+				return versus(a, s)
 			}
 			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |\n", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "none", "", pct)),
 				cell(find("swap", "", "zram", pct)), cell(find("swap", "", "file", pct)), vs("zram"), vs("file"))
@@ -282,9 +326,20 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			if c.kind != "native" {
 				cp, cm = strconv.Itoa(c.pct), strconv.Itoa(s.capMiB)
 			}
-			p("| %s | %s | %s | %s | %s | %s | %.2f |", c.name(), cp, cm, lim, fmtTput(s.tput), ratio(s.tput, n.tput), s.wall)
+			// A configuration none of whose runs finished has no figures, only its count.
+			f := func(format string, v float64) string {
+				if math.IsNaN(v) {
+					return "-"
+				}
+				return fmt.Sprintf(format, v)
+			}
+			tp := "-"
+			if s.done() > 0 {
+				tp = fmtTput(s.tput)
+			}
+			p("| %s | %s | %s | %s | %s | %s | %s |", c.name(), cp, cm, lim, tp, ratio(s.tput, n.tput), f("%.2f", s.wall))
 			if w.server != "" {
-				p(" %.0f | %.0f |", s.p50, s.p99)
+				p(" %s | %s |", f("%.0f", s.p50), f("%.0f", s.p99))
 			}
 			fs := "-"
 			if c.kind == "farmem" && s.faults > 0 {
@@ -294,21 +349,21 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			if s.peakMiB > 0 {
 				pk = fmt.Sprintf("%.1f", s.peakMiB)
 			}
-			p(" %.0f | %.1f | %.1f | %s | %s | %d / %d of %d |\n", s.faults, s.inMiB, s.outMiB, pk, fs, s.timeouts-s.ooms, s.ooms, s.n)
+			p(" %s | %s | %s | %s | %s | %d / %d of %d |\n", f("%.0f", s.faults), f("%.1f", s.inMiB), f("%.1f", s.outMiB), pk, fs, s.timeouts-s.ooms, s.ooms, s.n)
 		}
-		if plots && len(latPanels[w.name]) > 0 {
-			var srcs []string
-			for _, lp := range latPanels[w.name] {
-				srcs = append(srcs, lp.what)
-			}
+		srcs := h.latSrcs[w.name]
+		for _, lp := range latPanels[w.name] {
+			srcs = append(srcs, lp.what)
+		}
+		if plots && len(srcs) > 0 {
 			p("\nThe fault-latency CDF by source (%s): farmem's fault-service time, a line per farmem configuration and cap below 100 %% (colour: configuration; dash: cap), its rounds' histograms summed; n, p50 and p99 in the legend are those of the merged histogram. Swap has no such curve: the kernel gives no per-fault latency.\n\n![%s: fault-latency CDF by source](swap-%s-latency.png)\n",
 				strings.Join(srcs, ", "), w.title, w.name)
 		}
 	}
-	p("\nPeak MiB: what held the cap: farmem's measured peak anonymous RSS of the program, or the cgroup's `memory.max_usage_in_bytes`.\n")
+	p("\n%s\n", peakNote(rs))
 	p("\nfarmem fault service: farmem's own summary of its backend faults (reading the fault to the install's return, waits at the cap included), p50/p99 of each run, the median over the rounds in the table; the kernel gives no such figure for a swap-in, so the swap rows have none.\n")
 	p("\n**Fault-latency CDF by source** (swap-WORKLOAD-latency.png, under each workload's section): every farmem run writes its whole fault-service distribution with `farmem run --latency-out` (histograms, log-linear buckets, 8 per power of two, so within 12.5 %% in time). Each plot has a panel per fault source that had any faults: *backend* (an evicted page read back from the backend: the faults that page), *zero* (first touch or a discarded page: zero-filled, no backend), *wp* (the first write to a clean page: un-write-protected, no copy), *cache* (a page found in the prefetch cache, cache mode only); up to three panels side by side, four as a 2x2 grid, all on the same latency axis so that the sources compare. In each panel a line per farmem configuration and cap below 100 %% (the rounds' histograms summed), x the latency in µs (log), y the fraction of that source's faults at or below it. The curve is plotted at every non-empty bucket's bounds, where it is exact (the fraction of faults below the bound), and is a straight line across a bucket; the p50/p99 in the legend and the CSV are bucket midpoints, as farmem's summary computes them. The swap configurations have no curve: the kernel gives no per-fault latency for a swap-in (only the cgroup's count of major faults).\n")
-	if n := latMissing(rs); n > 0 {
+	if n := latMissing(rs); n > 0 && h.preamble == "" {
 		p("\n%d farmem runs wrote no latency histograms (stopped at their time limit, so killed before farmem's exit; or see the progress log) and are not in the CDFs.\n", n)
 	}
 	p("\nswap.csv's columns after `oom_killed` are each farmem run's histograms summarized: per source (zero, backend, wp, cache) and for the eviction batches (`lat_eviction_batch_*`: the time to write one batch of evicted pages out), the count and p50/p99/p99.9 in µs; empty for native and swap runs.\n")
@@ -316,8 +371,10 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	if err := os.WriteFile(filepath.Join(out, "swap.md"), []byte(b.String()), 0o644); err != nil {
 		return err
 	}
-	if err := writeCSV(filepath.Join(out, "swap.csv"), rs); err != nil {
-		return err
+	if h.preamble == "" { // -render reads the CSV; it never rewrites it
+		if err := writeCSV(filepath.Join(out, "swap.csv"), rs); err != nil {
+			return err
+		}
 	}
 	if plots {
 		if withNone {
@@ -330,6 +387,9 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		for _, w := range wls {
 			if err := plotWorkload(filepath.Join(out, "swap-"+w.name+".png"), w, cfgs, h.refs[w.name].peakMiB, rs, nat[w.name]); err != nil {
 				return fmt.Errorf("plot %s: %w", w.name, err)
+			}
+			if h.preamble != "" {
+				continue // -render: the CSV has no histograms, the run's latency plots stay
 			}
 			if err := plotLatency(filepath.Join(out, "swap-"+w.name+"-latency.png"), w, latPanels[w.name]); err != nil {
 				return fmt.Errorf("latency plot %s: %w", w.name, err)
@@ -349,7 +409,7 @@ func writeCSV(path string, rs []result) error {
 	w.Write(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed"}, latCSVHeader()...))
 	for _, r := range rs {
 		w.Write(append([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
-			fmt.Sprintf("%.3f", r.wall), fmt.Sprintf("%.1f", r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
+			fmt.Sprintf("%.3f", r.wall), csvTput(r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
 			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom)}, latCSV(r)...))
 	}
@@ -359,6 +419,15 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	return f.Close()
+}
+
+// csvTput keeps a throughput's digits: one decimal for rates in the hundreds and up (ops/s,
+// pages/s), six significant digits below (GFLOP/s), which one decimal would round by up to 3 %.
+func csvTput(v float64) string {
+	if v < 100 {
+		return strconv.FormatFloat(v, 'g', 6, 64)
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 // plotWorkload draws throughput (x native, log scale: swap to a file can be 100x slower) against
@@ -386,10 +455,9 @@ func plotWorkload(path string, w workload, cfgs []config, peakMiB int, rs []resu
 				continue
 			}
 			s, ok := summarize(rs, w.name, c)
-			if !ok || nat.tput <= 0 {
-				continue
+			if !ok || nat.tput <= 0 || !s.comparable() {
+				continue // no point where most runs did not finish (the tables say so)
 			}
-			// A timed-out median (0) cannot go on a log axis: drawn at the floor instead.
 			y := math.Max(s.tput/nat.tput, 1e-3)
 			lo, hi = math.Min(lo, y), math.Max(hi, y)
 			// The cap actually given (16 MiB at least), not the nominal %.
@@ -432,31 +500,44 @@ func plotutilColor(i int) color.Color {
 	return p[i%len(p)]
 }
 
-// targets reports issue 6's target ratios, whatever they came to.
+// targets reports issue 6's target ratios, whatever they came to. A target whose either side
+// finished in fewer than most of its rounds is "not comparable", never met: a swap run that the
+// OOM killer ended has no throughput to be 1.5x of.
 func (h *harness) targets(p func(string, ...any), wls []workload, rs []result, nat map[string]stat) {
-	// farmem as users run it (its default prefetcher): not the better of two noisy runs.
-	best := func(wl string, pct int) (float64, bool) {
-		a, ok := summarize(rs, wl, config{kind: "farmem", pct: pct})
-		return a.tput, ok
-	}
 	met := func(v, target float64) string {
 		if v >= target {
 			return "met"
 		}
 		return "**not met**"
 	}
+	// row prints one target: farmem as users run it (its default prefetcher), not the better
+	// of two noisy runs, against the other side b (native or swap).
+	row := func(what, title string, a, b stat, target float64) {
+		if !a.comparable() || !b.comparable() {
+			p("| %s | %s | %s | not comparable |\n", what, title, versus(a, b))
+			return
+		}
+		v := a.tput / b.tput
+		note := ""
+		for _, s := range []stat{a, b} {
+			if st := s.stopped(); st != "" {
+				note += fmt.Sprintf(" (%s %s; the median of the runs that finished)", s.cfgName, st)
+			}
+		}
+		p("| %s | %s | %.2fx%s | %s |\n", what, title, v, note, met(v, target))
+	}
 	p("\n## Issue 6's targets (the ratios reached)\n\n| target | workload | reached | |\n|---|---|---|---|\n")
 	for _, w := range wls {
 		if w.name != "redis-etc" {
 			continue
 		}
-		n := nat[w.name].tput
+		n := nat[w.name]
 		for _, t := range []struct {
 			pct    int
 			target float64
 		}{{50, 0.9}, {25, 0.7}} {
-			if b, ok := best(w.name, t.pct); ok && n > 0 {
-				p("| farmem at %d %% local memory >= %.1fx native | %s | %.2fx | %s |\n", t.pct, t.target, w.title, b/n, met(b/n, t.target))
+			if a, ok := summarize(rs, w.name, config{kind: "farmem", pct: t.pct}); ok && n.tput > 0 {
+				row(fmt.Sprintf("farmem at %d %% local memory >= %.1fx native", t.pct, t.target), w.title, a, n, t.target)
 			}
 		}
 	}
@@ -466,26 +547,21 @@ func (h *harness) targets(p func(string, ...any), wls []workload, rs []result, n
 			target float64
 		}{{"zram", 1.5}, {"file", 10}} {
 			for _, pct := range []int{50, 25} {
-				b, ok := best(w.name, pct)
+				a, ok := summarize(rs, w.name, config{kind: "farmem", pct: pct})
 				s, ok2 := summarize(rs, w.name, config{kind: "swap", swap: t.sw, pct: pct})
 				if !ok || !ok2 {
 					continue
 				}
-				v, txt := math.Inf(1), "∞ (swap timed out)"
-				if s.tput > 0 {
-					v = b / s.tput
-					txt = fmt.Sprintf("%.2fx", v)
-				}
-				p("| farmem vs swap-%s at %d %% >= %gx | %s | %s | %s |\n", t.sw, pct, t.target, w.title, txt, met(v, t.target))
+				row(fmt.Sprintf("farmem vs swap-%s at %d %% >= %gx", t.sw, pct, t.target), w.title, a, s, t.target)
 			}
 		}
 	}
 	for _, w := range wls {
 		for _, r := range rs {
-			if r.wl == w.name && r.cfg.kind == "farmem" && r.cfg.prefetch == "" && r.cfg.pct > 100 {
-				s, _ := summarize(rs, w.name, r.cfg)
-				if n := nat[w.name].tput; n > 0 {
-					p("| no paging (farmem at %d %% of the peak) >= 0.95x native | %s | %.2fx | %s |\n", r.cfg.pct, w.title, s.tput/n, met(s.tput/n, 0.95))
+			if r.wl == w.name && r.cfg.kind == "farmem" && r.cfg.prefetch == "" && r.cfg.remote == "" && r.cfg.pct > 100 {
+				a, _ := summarize(rs, w.name, r.cfg)
+				if n := nat[w.name]; n.tput > 0 {
+					row(fmt.Sprintf("no paging (farmem at %d %% of the peak) >= 0.95x native", r.cfg.pct), w.title, a, n, 0.95)
 				}
 				break
 			}
@@ -510,7 +586,7 @@ func plotPrefetch(path string, wls []workload, pcts []int, rs []result, nat map[
 			}
 			a, ok1 := summarize(rs, w.name, config{kind: "farmem", prefetch: "none", pct: pct})
 			l, ok2 := summarize(rs, w.name, config{kind: "farmem", pct: pct})
-			if !ok1 || !ok2 {
+			if !ok1 || !ok2 || !a.comparable() || !l.comparable() {
 				continue
 			}
 			if a.tput <= 0 {
@@ -579,4 +655,42 @@ func damonPageout() string {
 		}
 	}
 	return strings.Join(found, "; ")
+}
+
+// footprints says how large the workloads were, from their native peaks: the sentence that
+// once said "about 64 MiB" whatever -scale had made them.
+func footprints(wls []workload, refs map[string]*ref) string {
+	lo, hi := math.MaxInt, 0
+	for _, w := range wls {
+		if r := refs[w.name]; r != nil {
+			lo, hi = min(lo, r.peakMiB), max(hi, r.peakMiB)
+		}
+	}
+	if hi == 0 {
+		return "The workloads' peaks were not measured."
+	}
+	span := fmt.Sprintf("%d MiB", hi)
+	if lo != hi {
+		span = fmt.Sprintf("%d-%d MiB", lo, hi)
+	}
+	if hi < 1024 {
+		return "The footprints are small (native peaks " + span + ", not GiB): with 4 caps x 4 configurations plus native and no-paging, 3 rounds, and paging runs 10-100x slower than native, GiB-scale runs do not fit this machine's ~25-minute budget. Larger runs: `-scale` (`make bench-swap FLAGS=\"-scale 8\"`)."
+	}
+	return "The footprints are the native peaks in the workloads table: " + span + "."
+}
+
+// peakNote says how each side's peak was measured (not alike), and names every farmem run whose
+// own peak went above its cap.
+func peakNote(rs []result) string {
+	s := "Peak MiB is measured differently on the two sides, so the column does not compare across them. farmem's is the program's peak anonymous RSS as farmem's own sampling of it saw it (its summary's `peak anonymous RSS`: samples, so a peak between two of them is missed, and whole MiB). Swap's is the kernel's exact maximum of the cgroup's charge (`memory.max_usage_in_bytes`), which counts page cache and kernel memory too and cannot exceed the cgroup's limit. Neither is farmem's cap measured by the kernel."
+	var over []string
+	for _, r := range rs {
+		if r.cfg.kind == "farmem" && r.capMiB > 0 && r.peakB > int64(r.capMiB)<<20 {
+			over = append(over, fmt.Sprintf("%s %s at %d %% round %d (%.0f MiB at a %d MiB cap)", r.wl, r.cfg.name(), r.cfg.pct, r.round, float64(r.peakB)/(1<<20), r.capMiB))
+		}
+	}
+	if len(over) == 0 {
+		return s + " No farmem run's sampled peak exceeded its cap."
+	}
+	return s + fmt.Sprintf(" %d farmem runs' sampled peak exceeded the cap: %s.", len(over), strings.Join(over, "; "))
 }
