@@ -266,6 +266,10 @@ func printSummary(rt *runtime.Runtime, o Options) {
 	}
 	fmt.Fprintf(os.Stderr, "farmem: moved: in %s (faults and prefetches from the backend), out %s (evictions written); peak anonymous RSS %d MiB of the %d MiB cap (summed over processes: a page shared with a fork child counts in each)\n",
 		byteSize(rt.BytesIn()), byteSize(rt.BytesOut()), rt.Stats.PeakAnonPages.Load()*runtime.PageSize>>20, o.LocalMem>>20)
+	if b, ok := rt.CgroupPeak(); ok {
+		fmt.Fprintf(os.Stderr, "farmem: memory cgroup peak: %.1f MiB (the kernel's count for the program and its children: anonymous memory, page cache and kernel memory)\n",
+			float64(b)/(1<<20))
+	}
 	fmt.Fprintf(os.Stderr, "farmem: fault service")
 	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
 		h := &s.Latency[src]

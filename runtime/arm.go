@@ -70,6 +70,9 @@ func (rt *Runtime) rescanLoop() {
 			s.Close()
 		}
 		if w := rt.watch.Swap(nil); w != nil {
+			if b, ok := w.peak(); ok {
+				rt.Stats.CgroupPeakBytes.Store(b)
+			}
 			w.close()
 		}
 	}()

@@ -126,8 +126,20 @@ func (w *usageWatch) below(threshold int64) bool {
 	return err == nil && u < threshold
 }
 
-// close removes the cgroup; a second close does no more. The kernel refuses while a process is still in it (a daemon the
-// program left behind); the next run sweeps it (sweepUsageWatches).
+// peak returns the most the cgroup was ever charged (memory.max_usage_in_bytes): the kernel's
+// own peak of the programs' memory, anonymous memory, page cache and kernel memory together, the
+// count a memory cgroup's limit holds to. Any goroutine; false once the cgroup is gone.
+func (w *usageWatch) peak() (int64, bool) {
+	b, err := os.ReadFile(filepath.Join(w.dir, "memory.max_usage_in_bytes"))
+	if err != nil {
+		return 0, false
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	return v, err == nil
+}
+
+// close removes the cgroup; a second close does no more. The kernel refuses while a process is
+// still in it (a daemon the program left behind); the next run sweeps it (sweepUsageWatches).
 func (w *usageWatch) close() {
 	if w.events != nil {
 		w.events.Close() // ends listen; the kernel drops the threshold with the cgroup

@@ -54,8 +54,11 @@ type Stats struct {
 	fetcher.Stats
 	ArmedAtPages atomic.Int64 // the anonymous RSS at which the run armed (0: armed from the start, or never)
 	// PeakAnonPages is the highest anonymous RSS of all processes together that the RSS poll
-	// saw: the cap as the kernel counts it, sampled.
+	// saw: what the cap holds, as the kernel counts it, sampled.
 	PeakAnonPages atomic.Int64
+	// CgroupPeakBytes is the run's memory cgroup's peak charge, kept as the cgroup is removed
+	// (see CgroupPeak).
+	CgroupPeakBytes atomic.Int64
 	// MappingsSeen is the mmap and brk calls the mapping filter handed us (mapfilter.go);
 	// UnseenPages the pages the rescan found already present in mappings it registered once
 	// armed: what the program wrote where no fault could hold it back.
@@ -175,6 +178,20 @@ func (rt *Runtime) Armed() bool { return rt.armed.Load() }
 // ArmWatched reports whether a memory cgroup's thresholds, not polling, say when to arm and
 // when the programs near their cap.
 func (rt *Runtime) ArmWatched() bool { return rt.watch.Load() != nil }
+
+// CgroupPeak returns the most memory the kernel ever charged to the run's memory cgroup, which
+// every process of the run is born in (ContainChildren): its exact peak, anonymous memory, page
+// cache and kernel memory together, as a memory cgroup's limit counts them. false: the run had
+// no cgroup of its own (it polled).
+func (rt *Runtime) CgroupPeak() (bytes int64, ok bool) {
+	if w := rt.watch.Load(); w != nil {
+		if b, ok := w.peak(); ok {
+			return b, true
+		}
+	}
+	b := rt.Stats.CgroupPeakBytes.Load()
+	return b, b > 0
+}
 
 // BytesIn is the page bytes read from the backend: faults served from it and pages prefetched
 // (counted as pages: the compressed stores read fewer).

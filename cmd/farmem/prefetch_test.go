@@ -28,7 +28,7 @@ func TestPrefetchersKeepDataIntact(t *testing.T) {
 			if mode == "cache" && !regexpMatch(`cache [0-9]+ p50`, out) {
 				t.Fatalf("no fault was served from the prefetch cache")
 			}
-			checkCap(t, peaks, 16<<20)
+			checkCap(t, out, peaks, 16<<20)
 		})
 	}
 }

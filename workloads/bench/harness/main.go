@@ -88,7 +88,10 @@ type result struct {
 	oom      bool
 	fsP50    float64 // farmem: its backend fault-service latency, µs (its summary's)
 	fsP99    float64
-	peakB    int64 // farmem: the peak anonymous RSS it measured; swap: the cgroup's max usage
+	peakB    int64 // swap, and farmem with peakCgroup: the cgroup's max usage; else farmem's sampled peak anonymous RSS
+	// peakCgroup: peakB is the kernel's peak charge of the program's memory cgroup (swap's always;
+	// farmem's where its summary gives it).
+	peakCgroup bool
 	// farmem: its --latency-out histograms by source (zero, backend, wp, cache) and of its
 	// eviction batches; nil when it wrote none (a run stopped at its limit; native and swap runs).
 	lat map[string]hist
@@ -517,7 +520,7 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 			err = serr
 		}
 		res.faults = uint64(st["pgmajfault"])
-		res.peakB = st["max_usage_bytes"]
+		res.peakB, res.peakCgroup = st["max_usage_bytes"], true
 		res.inB = (vm1["pswpin"] - vm0["pswpin"]) * 4096
 		res.outB = (vm1["pswpout"] - vm0["pswpout"]) * 4096
 	}
@@ -555,6 +558,12 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		if m := regexp.MustCompile(`peak anonymous RSS (\d+) MiB`).FindStringSubmatch(out); m != nil {
 			v, _ := strconv.ParseInt(m[1], 10, 64)
 			res.peakB = v << 20
+		}
+		// The kernel's peak of the program's memory cgroup, measured as swap's is, where farmem
+		// had a cgroup of its own for the program (a v1 memory controller).
+		if m := regexp.MustCompile(`memory cgroup peak: ([0-9.]+) MiB`).FindStringSubmatch(out); m != nil {
+			v, _ := strconv.ParseFloat(m[1], 64)
+			res.peakB, res.peakCgroup = int64(v*(1<<20)), true
 		}
 		if m := regexp.MustCompile(`fault service;.* backend \d+ p50 (\S+) p99 ([^;\s]+)`).FindStringSubmatch(out); m != nil {
 			a, _ := time.ParseDuration(m[1])

@@ -229,6 +229,11 @@ func readResults(path string) ([]result, map[string][]string, error) {
 			wall: num("wall_s"), tput: num("throughput"), p50: num("p50_us"), p99: num("p99_us"), faults: uint64(num("faults")),
 			inB: uint64(num("bytes_in")), outB: uint64(num("bytes_out")), timeout: flag("stopped"), fsP50: num("farmem_fault_p50_us"),
 			fsP99: num("farmem_fault_p99_us"), peakB: int64(num("peak_bytes")), oom: flag("oom_killed")}
+		// Runs before the peak_source column: swap's peak was the cgroup's, farmem's sampled.
+		r.peakCgroup = c.kind == "swap"
+		if i, ok := col["peak_source"]; ok && i < len(row) {
+			r.peakCgroup = row[i] == "cgroup"
+		}
 		if err := errors.Join(errs...); err != nil {
 			return nil, nil, fmt.Errorf("%s line %d: %w", path, n+2, err)
 		}

@@ -406,12 +406,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed"}, latCSVHeader()...))
+	w.Write(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed", "peak_source"}, latCSVHeader()...))
 	for _, r := range rs {
 		w.Write(append([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
 			fmt.Sprintf("%.3f", r.wall), csvTput(r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
-			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom)}, latCSV(r)...))
+			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom), peakSource(r)}, latCSV(r)...))
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
@@ -681,16 +681,48 @@ func footprints(wls []workload, refs map[string]*ref) string {
 
 // peakNote says how each side's peak was measured (not alike), and names every farmem run whose
 // own peak went above its cap.
+// peakSource names how a run's peak_bytes was measured: "cgroup" (the kernel's maximum charge of
+// the program's memory cgroup) or "sampled" (farmem's own sampling of the anonymous RSS).
+func peakSource(r result) string {
+	if r.peakCgroup {
+		return "cgroup"
+	}
+	return "sampled"
+}
+
+// peakNote says how each side's peak was measured and which farmem runs' peak exceeded what
+// Linux swap's cgroup was allowed at the same cap (its limit: the cap plus the kernel memory the
+// native run was charged), or the cap itself where there is no swap run to compare with.
 func peakNote(rs []result) string {
-	s := "Peak MiB is measured differently on the two sides, so the column does not compare across them. farmem's is the program's peak anonymous RSS as farmem's own sampling of it saw it (its summary's `peak anonymous RSS`: samples, so a peak between two of them is missed, and whole MiB). Swap's is the kernel's exact maximum of the cgroup's charge (`memory.max_usage_in_bytes`), which counts page cache and kernel memory too and cannot exceed the cgroup's limit. Neither is farmem's cap measured by the kernel."
+	var s string
+	sampled := slices.ContainsFunc(rs, func(r result) bool { return r.cfg.kind == "farmem" && !r.peakCgroup && r.peakB > 0 })
+	if sampled {
+		s = "Peak MiB is measured differently on the two sides in some rows (the CSV's peak_source says which). Where farmem's is \"sampled\", it is the program's peak anonymous RSS as farmem's own sampling of it saw it (its summary's `peak anonymous RSS`: samples, so a peak between two of them is missed, and whole MiB). Swap's, and farmem's where it is \"cgroup\", is the kernel's exact maximum of the program's memory cgroup's charge (`memory.max_usage_in_bytes`), which counts page cache and kernel memory too."
+	} else {
+		s = "Peak MiB is the kernel's exact maximum of the program's memory cgroup's charge (`memory.max_usage_in_bytes`) on both sides: anonymous memory, page cache and kernel memory. farmem's cap holds only anonymous memory, so its peak may exceed the cap by the rest; the swap runs' cgroup limit is the cap plus the kernel memory the native run was charged."
+	}
+	limit := map[string]int64{}
+	for _, r := range rs {
+		if r.cfg.kind == "swap" && r.limitB > 0 {
+			limit[fmt.Sprintf("%s/%d", r.wl, r.cfg.pct)] = r.limitB
+		}
+	}
 	var over []string
 	for _, r := range rs {
-		if r.cfg.kind == "farmem" && r.capMiB > 0 && r.peakB > int64(r.capMiB)<<20 {
-			over = append(over, fmt.Sprintf("%s %s at %d %% round %d (%.0f MiB at a %d MiB cap)", r.wl, r.cfg.name(), r.cfg.pct, r.round, float64(r.peakB)/(1<<20), r.capMiB))
+		if r.cfg.kind != "farmem" || r.capMiB <= 0 || r.peakB <= 0 {
+			continue
+		}
+		bound, what := int64(r.capMiB)<<20, "cap"
+		if l, ok := limit[fmt.Sprintf("%s/%d", r.wl, r.cfg.pct)]; ok && r.peakCgroup {
+			bound, what = l, "swap's limit"
+		}
+		if r.peakB > bound {
+			over = append(over, fmt.Sprintf("%s %s at %d %% round %d (%s peak %.1f MiB, %s %.1f MiB)", r.wl, r.cfg.name(), r.cfg.pct, r.round,
+				peakSource(r), float64(r.peakB)/(1<<20), what, float64(bound)/(1<<20)))
 		}
 	}
 	if len(over) == 0 {
-		return s + " No farmem run's sampled peak exceeded its cap."
+		return s + " No farmem run's peak exceeded swap's limit at the same cap (or the cap, where it was sampled)."
 	}
-	return s + fmt.Sprintf(" %d farmem runs' sampled peak exceeded the cap: %s.", len(over), strings.Join(over, "; "))
+	return s + fmt.Sprintf(" %d farmem runs' peak exceeded swap's limit at the same cap (or the cap, where it was sampled): %s.", len(over), strings.Join(over, "; "))
 }
