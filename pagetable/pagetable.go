@@ -341,14 +341,13 @@ func (t *PageTable) each(start, end uint64, f func(uint64, *Entry)) {
 // access bits for another process's pages cheaply, only faults: a page with Heat left goes
 // back to the tail for one Heat less (see Refaulted for how it earns it). FIFO alone already
 // makes a re-faulted page the last to go again; the heat keeps a page that keeps coming back
-// for longer each time, where plain FIFO takes it once a pass. On redis's zipfian GETs at a
-// quarter of its peak that was 11 % fewer re-faults and 6-21 % more operations a second in
-// each of six rounds, and 2-3 % fewer re-faults at half (results/eviction.md).
+// for longer each time, where plain FIFO takes it once a pass: fewer re-faults on redis's
+// zipfian GETs (results/eviction.md, "Second chances from re-faults").
 //
 // The block mates go early, hot or not: every run an eviction takes out of the program costs a
-// TLB flush, and in this VM that is tens of microseconds whoever does it (results/eviction.md),
-// while a victim set spread at random is nearly a run a page. Sparing hot mates doubled the
-// runs of redis's batches and gave the saved faults back.
+// TLB flush, whoever does it, while a victim set spread at random is nearly a run a page.
+// Sparing hot mates doubled the runs of redis's batches and gave the saved faults back (the same
+// section).
 func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 	out = out[:0]
 	var taken map[uint64]bool
@@ -408,14 +407,14 @@ const maxPassOver = 64
 
 // DefaultMaxHeat is MaxHeat for a new table: a page faulted back within a pass, time after
 // time, stays up to eight passes. Replayed on zipfian traces (replace_test.go), 1 took more
-// faults than 2 and up, which took about the same (3 and 7 the same to 0.1 %), and a moved hot
-// set was let go as fast; 7 is what was measured live on redis (results/eviction.md).
+// faults than 2 and up, which took about the same, and a moved hot set was let go as fast; 7 is
+// what was measured live on redis (results/eviction.md, "Second chances from re-faults").
 const DefaultMaxHeat = 7
 
-// DefaultVictimBlock is VictimBlock for a new table: 8 pages (32 KiB). Measured side by side
-// (results/eviction.md): micro's random walk at a quarter of its footprint evicts 57 runs a
-// batch of 150 pages instead of 95, and redis's zipfian phase at half of its peak faulted 9 %
-// less (allocations made together are used together).
+// DefaultVictimBlock is VictimBlock for a new table: 8 pages (32 KiB). Taking a victim's block
+// mates with it evicts fewer runs a batch, and redis faulted less, since allocations made
+// together are used together (results/eviction.md, "Moving victims out instead of dropping
+// them (2737fd9), and victims by block (933d5cb)").
 const DefaultVictimBlock = 8
 
 func (t *PageTable) pinned(p uint64) bool { return p >= t.pinLo && p < t.pinHi }
