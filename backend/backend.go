@@ -19,7 +19,7 @@ type Slot uint64
 // the caller must stop the program, never serve zeros in its place.
 var ErrUnknownSlot = errors.New("backend: unknown slot")
 
-// Backend is the interface the fabric's memory servers plug into (issue 3).
+// Backend is the interface the fabric's memory servers plug into.
 type Backend interface {
 	// Store writes len(src)/PageSize pages and fills slots[i] with page i's slot.
 	Store(src []byte, slots []Slot) error

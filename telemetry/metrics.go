@@ -15,8 +15,9 @@ import (
 	"github.com/farmem/farmem/runtime"
 )
 
-// latencyBounds are the fault-latency histogram's bucket bounds: the uffd round trip on one
-// CPU is ~4 us here, across CPUs 60-80 us, a memory server's read 20-100 us.
+// latencyBounds are the fault-latency histogram's bucket bounds: from a round trip on one CPU
+// (microseconds) through one across CPUs and a memory server's read (tens to a hundred) to the
+// faults that waited (milliseconds); docs/DESIGN.md, "Latency".
 var latencyBounds = []time.Duration{
 	1 * time.Microsecond, 2 * time.Microsecond, 5 * time.Microsecond, 10 * time.Microsecond,
 	20 * time.Microsecond, 50 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond,
