@@ -14,7 +14,8 @@ import (
 
 // rawConn is a connected stream socket used with blocking syscalls on the calling thread. The
 // data path avoids Go's netpoller on purpose: a parked goroutine's wakeup costs tens of
-// microseconds here (DESIGN.md), more than a loopback round trip.
+// microseconds here (docs/DESIGN.md, "Latency": the netpoller's wakeup is slow), more than a
+// loopback round trip.
 type rawConn struct {
 	fd   int
 	iovs []unix.Iovec // scratch for readv/writev

@@ -717,7 +717,7 @@ func report(lat, thr, flt []*path, ps string) error {
 		r = float64(s) / float64(z)
 		fmt.Fprintf(&b, "| shm fault service within 1.5x of a zero-fill fault (COPY of zeros, farmem's write first touch) | %s vs %s µs (p50) | %.2fx | %s |\n", us(s), us(z), r, yes(r <= 1.5))
 	}
-	fmt.Fprintf(&b, "\nFor scale, DESIGN.md §3 (measured with C probes): kernel first-touch fault 0.5-1.2 µs; uffd round trip, "+
+	fmt.Fprintf(&b, "\nFor scale, docs/DESIGN.md, \"Latency\" (measured with C probes): kernel first-touch fault 0.5-1.2 µs; uffd round trip, "+
 		"handler on the faulting CPU 3.9 µs p50; ZEROPAGE-served fault 2.8 µs end to end; pipe ping-pong across CPUs 76 µs.\n")
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
 		return err
