@@ -18,7 +18,7 @@ type slab struct {
 	used  uint32 // protected by Store.mu: slots handed out so far (slot pages below it)
 
 	// mu is held for reading by every Store write to the slab and for writing by each chunk of a
-	// rebuild copy, so a copy never interleaves with a write of the same pages (rebuild.go).
+	// rebuild copy, so a copy never interleaves with a write of the same pages (maintain.go).
 	mu       sync.RWMutex
 	replicas []*replica // protected by mu
 	lost     error      // protected by mu; set when the ctrl says no copy is left

@@ -10,7 +10,7 @@
 // slot) in the high 32 bits, the page in the low. Slots are written once, by Store, and read
 // until freed; a freed slot is reused only by a later Store, which writes every replica again.
 // That write-once rule is what makes copying a slab to a new replica safe while the program
-// runs (rebuild.go).
+// runs (maintain.go).
 package remote
 
 import (

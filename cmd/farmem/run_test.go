@@ -107,7 +107,8 @@ func rssAnon(pid int) int64 {
 // capSlack is what a program may exceed the cap by. farmem caps the anonymous memory it
 // registers; the kernel's count also holds what farmem does not manage: the program's page
 // tables and other kernel memory, the page cache of its binary (when no earlier run cached it),
-// thread stacks and mappings under 64 KiB, the shim's agent; and the cap is met a batch late, by
+// mappings under 64 KiB, memory taken before the run armed and not yet found by the rescan (a
+// thread's new stack), the shim's agent; and the cap is met a batch late, by
 // the pages faulted in while an eviction batch is in flight. glibc's internal mappings are not in
 // it: the mapping filter hands them to us as they are made (checkSeen). Every check logs the peak
 // it saw and the cap, so the slack actually used is in every test log.
@@ -286,7 +287,7 @@ func TestTortureBelowCapNeverArms(t *testing.T) {
 }
 
 // canWatchArming reports whether farmem can put the program in a memory cgroup of its own
-// (fetcher.usageWatch): root, and a cgroup v1 memory controller.
+// (runtime.usageWatch): root, and a cgroup v1 memory controller.
 func canWatchArming() bool {
 	_, err := os.Stat("/sys/fs/cgroup/memory/cgroup.event_control")
 	return err == nil && os.Geteuid() == 0

@@ -1,6 +1,6 @@
 /* libfarmem.so: the LD_PRELOAD agent farmem puts inside the program.
  *
- * It does six things and nothing else (DESIGN.md section 2):
+ * It does six things and nothing else (docs/DESIGN.md, "How a page moves"):
  *   1. creates the program's userfaultfd and hands it to the runtime (SCM_RIGHTS) in a HELLO on
  *      the control connection; it keeps its own copy so that, should the runtime die, a faulting
  *      thread hangs (and is killed) instead of reading zeros;
@@ -25,7 +25,7 @@
  *      lets pass: exempt6;
  *   6. gives each thread the program starts the program's own CPU affinity when the starting
  *      thread holds just one CPU that the program did not ask for: farmem pins the thread that
- *      faults to its CPU (fetcher/placement.go), and what that thread starts would inherit it.
+ *      faults to its CPU (runtime/placement.go), and what that thread starts would inherit it.
  *
  * Everything runs on raw syscalls: mmap is called from inside allocators (jemalloc's init) before
  * libc is fully usable. The wire format is shared with launcher/proto.go.
@@ -118,7 +118,7 @@ static void say(const char *s)
 }
 
 /* The runtime is gone: nobody can serve this program's evicted pages any more. Stop it rather
- * than let it run on (DESIGN.md invariant 3). */
+ * than let it run on (docs/DESIGN.md, "Invariants", 3). */
 static void die_runtime_lost(void)
 {
 	say("lost the farmem runtime; stopping the program (its evicted pages cannot be served)");
