@@ -233,9 +233,8 @@ static int agent_sock = -1;
 /* drop_runs madvise(MADV_DONTNEED)s the runs of one eviction batch and returns the first errno (0
  * if all went well). Each run raises a REMOVE event, and its madvise waits until the runtime has
  * read it. One process_madvise over all the runs does those waits back to back and flushes the TLB
- * once for the batch, where a madvise per run flushes it per run: measured here on 100 one-page
- * runs with the fault thread on the agent's CPU, 4.5-4.9 us a run against 13-56 us (the flush is an
- * IPI to every CPU the program ran on, and each costs tens of microseconds in this VM). Linux
+ * once for the batch, where a madvise per run flushes it per run, an IPI to every CPU the program
+ * ran on each time (probes/dropbatch.c measures both; docs/DESIGN.md, "Evicting a page"). Linux
  * allows process_madvise(MADV_DONTNEED) on the caller itself since 6.13 (and PIDFD_SELF_THREAD,
  * no fd needed, since 6.15); on an older kernel the first batch finds out and every later one
  * uses the madvise loop. */
@@ -338,7 +337,7 @@ struct fm_uffdio_move { uint64_t dst, src, len, mode; int64_t move; };
  *           that still fails is in a mapping the kernel will not move from (another protection,
  *           mlock);
  *   ENOTTY  a kernel before 6.8.
- * A page costs 4-7 us here (probes/movecost.c), all in this process, where a drop costs a REMOVE
+ * A move stays in this process (probes/movecost.c measures it), where a drop costs a REMOVE
  * round trip with the runtime per run. The runtime evicts the pages that did not move the drop
  * way, so a page reported unmoved must still be in the program: see reconcile_moves. */
 static void move_runs(const struct fm_run *runs, int n, uint64_t dst, uint8_t *status, int pages)
@@ -497,7 +496,7 @@ static void start_agent(void)
  * a fault on an evicted page, or the agent's drop waiting for its REMOVE to be read, sleeps until
  * SIGKILL; the agent cannot notice the runtime's end while it is the one waiting; and only the
  * program farmem started gets farmem's parent-death signal, not a fork child such as redis's
- * BGSAVE, which measured here hung in handle_userfault forever. -1: no lifeline (the process
+ * BGSAVE, which without it hangs in handle_userfault forever. -1: no lifeline (the process
  * then still has the agent's end-of-connection check). */
 static int lifeline = -1;
 static int make_lifeline(void)
