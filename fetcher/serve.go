@@ -23,18 +23,35 @@ const maxZeroWindow = 64
 
 var zeros [maxZeroWindow * ps]byte
 
-// outcome of serving one message.
+// outcome of serving one message: served, or kept and resolved again from scratch later, for
+// one of three reasons.
 type outcome int
 
 const (
-	served outcome = iota
-	retry          // keep the message and resolve it again after draining events
+	served     outcome = iota
+	retryRoom          // over the cap: waits for the evictor to make room
+	retryEvent         // an install met an unread event (EAGAIN): tried again once events are read
+	retryBusy          // the page is in an eviction batch or being read, or its process is not known yet
 )
 
-// pendingFault is a fault that could not be served yet, with the time it was first read.
+// held is the Held category of a fault kept for the reasons in mask (a bit per outcome): room if
+// it ever waited for it, else busy, else event.
+func held(mask uint8) Held {
+	switch {
+	case mask&(1<<retryRoom) != 0:
+		return HeldRoom
+	case mask&(1<<retryBusy) != 0:
+		return HeldBusy
+	}
+	return HeldEvent
+}
+
+// pendingFault is a fault that could not be served yet, with the time it was first read and why
+// it was kept (a bit per outcome).
 type pendingFault struct {
 	msg   uffd.Msg
 	since time.Time
+	why   uint8
 }
 
 // serve is the fault thread: it runs on a locked OS thread, not the netpoller, whose wakeup is
@@ -85,8 +102,8 @@ func (f *Fetcher) serve() {
 			now := time.Now()
 			for i := range msgs[:n] {
 				f.clock.retried = false
-				if f.handle(&msgs[i], page, now) == retry {
-					pending = append(pending, pendingFault{msgs[i], now})
+				if o := f.handle(&msgs[i], page, now); o != served {
+					pending = append(pending, pendingFault{msgs[i], now, 1 << o})
 				}
 			}
 		}
@@ -97,9 +114,13 @@ func (f *Fetcher) serve() {
 		kept := pending[:0]
 		for i := range pending {
 			f.clock.retried = true
-			if f.handle(&pending[i].msg, page, pending[i].since) == retry {
-				kept = append(kept, pending[i])
+			pf := &pending[i]
+			if o := f.handle(&pf.msg, page, pf.since); o != served {
+				pf.why |= 1 << o
+				kept = append(kept, *pf)
+				continue
 			}
+			f.stats.Held[held(pf.why)].Record(time.Since(pf.since))
 		}
 		pending = kept
 		f.waiting.Store(len(pending) > 0)
@@ -122,7 +143,7 @@ func (f *Fetcher) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
 		case flags&uffd.PagefaultWP != 0:
 			o, src = f.wpFault(pg), FromWP
 		case f.host.MustWait(int32(tid)):
-			o = retry
+			o = retryRoom
 		default:
 			o, src = f.missing(pg, flags&uffd.PagefaultWrite != 0, buf, since)
 		}
@@ -191,14 +212,14 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		case err != nil || present:
 			return f.wake(pg), FromZero
 		case time.Since(since) < absentGrace:
-			return retry, FromZero
+			return retryBusy, FromZero
 		}
 		f.host.Fail(fmt.Errorf("page %#x is absent from the program though farmem records it resident: its content may be lost", pg))
 		return served, FromZero
 	case pagetable.Staged:
 		// Moved out by the batch in flight: it commits the page (or puts it back) shortly
 		// and wakes this thread, which then finds it Evicted (or present).
-		return retry, FromBackend
+		return retryBusy, FromBackend
 	}
 	if e.Stage != 0 {
 		return f.fromStaging(pg, e, buf), FromBackend
@@ -206,7 +227,7 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 	if e.Fetching {
 		// The prefetch worker is reading it: wait for that batch (it wakes this thread)
 		// rather than read the page a second time.
-		return retry, FromBackend
+		return retryBusy, FromBackend
 	}
 	// Evicted: a re-fault, which is what the prefetcher learns from.
 	src = FromBackend
@@ -235,7 +256,7 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		}
 		f.clock.mark(&f.clock.fetch)
 		if !same {
-			return retry, FromBackend
+			return retryBusy, FromBackend
 		}
 	}
 	d := e.Refetch(write)
@@ -324,7 +345,7 @@ func (f *Fetcher) failed(pg uint64, err error) outcome {
 	case err == nil:
 		return served
 	case err == unix.EAGAIN:
-		return retry // an event is unread; the page's state may change when we read it
+		return retryEvent // the page's state may change when the event is read
 	case err == unix.EEXIST:
 		return f.wake(pg)
 	case err == unix.ENOENT, err == unix.ESRCH:
@@ -362,14 +383,14 @@ func (f *Fetcher) wpFault(pg uint64) outcome {
 	case e.Zapping, e.State == pagetable.Staged:
 		// Our agent is dropping or moving it right now; afterwards the retry finds it absent
 		// (and wakes the writer, whose retry faults MISSING) or present again.
-		return retry
+		return retryBusy
 	}
 	// Evicted and not being dropped, yet a write hit its protection: if the page is present it
 	// is a fork child's copy of a page the parent was evicting at fork time; its content is the
 	// slot's. If absent, this message is stale: the writer was woken already.
 	present, err := f.present(pg)
 	if err != nil {
-		return retry // no pid yet (fork child before its hello)
+		return retryBusy // no pid yet (fork child before its hello)
 	}
 	if !present {
 		return f.wake(pg)
@@ -389,7 +410,7 @@ func (f *Fetcher) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome
 	src := start + uint64(e.Stage-1)*ps
 	present, err := f.present(src)
 	if err != nil {
-		return retry // no pid yet (fork child before its hello)
+		return retryBusy // no pid yet (fork child before its hello)
 	}
 	if !present {
 		f.host.Fail(fmt.Errorf("page %#x: its copy in the staging area (%#x) is gone", pg, src))
@@ -417,7 +438,7 @@ func (f *Fetcher) unprotect(pg uint64) outcome {
 	err := uffd.WriteProtect(f.fd, pg, ps, 0)
 	f.clock.installed(IoctlWriteProtect)
 	if err == unix.EAGAIN {
-		return retry
+		return retryEvent
 	}
 	if err != nil && err != unix.ENOENT && err != unix.ESRCH {
 		f.host.Fail(fmt.Errorf("unprotect %#x: %w", pg, err))

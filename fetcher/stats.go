@@ -19,6 +19,18 @@ const (
 
 func (s Source) String() string { return [...]string{"zero", "backend", "wp", "cache"}[s] }
 
+// Held is why a fault could not be served when it was first read.
+type Held int
+
+const (
+	HeldRoom  Held = iota // the run was at its cap: the fault waited for the evictor to make room
+	HeldBusy              // its page was in an eviction batch or being read by the prefetch worker
+	HeldEvent             // an install met an unread layout event (EAGAIN) and was tried again
+	NumHeld
+)
+
+func (h Held) String() string { return [...]string{"room", "busy", "event"}[h] }
+
 // Stats counts the fault path's work, for the run summary and the metrics. One Stats is shared
 // by the fetchers of every process of a run.
 type Stats struct {
@@ -26,6 +38,10 @@ type Stats struct {
 	// Latency is each source's fault-service time: from reading the fault message to the
 	// install (or wake) ioctl's return, including any wait at the cap or behind an event.
 	Latency [NumSources]latency.Histogram
+	// Held is the service time, read to install, of the faults that could not be served when
+	// first read (they are in Latency too), by why: a fault kept for several reasons counts
+	// under room if it ever waited for room, else busy, else event.
+	Held [NumHeld]latency.Histogram
 	Removes atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
 	// FromStaging is the pages fork children read from their copy of the parent's staging
 	// area: the parent had moved them out, and not yet stored them, when it forked.

@@ -60,6 +60,9 @@ func (h *Histogram) Record(d time.Duration) {
 // Count returns how many durations were recorded.
 func (h *Histogram) Count() uint64 { return h.n.Load() }
 
+// Sum returns the total of the recorded durations.
+func (h *Histogram) Sum() time.Duration { return time.Duration(h.sum.Load()) }
+
 // Mean returns the mean duration, or 0 if none was recorded.
 func (h *Histogram) Mean() time.Duration {
 	n := h.n.Load()

@@ -205,6 +205,9 @@ func writeLatency(rt *runtime.Runtime, path string) error {
 	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
 		put(src.String(), &rt.Stats.Latency[src])
 	}
+	for h := fetcher.Held(0); h < fetcher.NumHeld; h++ {
+		put("held-"+h.String(), &rt.Stats.Held[h])
+	}
 	put("eviction-batch", &rt.Evictor().Stats.Batch)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
@@ -292,6 +295,30 @@ func printSummary(rt *runtime.Runtime, o Options) {
 		fmt.Fprintf(os.Stderr, "; %d batches given up (victims unmapped or moved meanwhile)", n)
 	}
 	fmt.Fprintln(os.Stderr)
+	printHeld(s)
+}
+
+// printHeld says how many faults could not be served when first read, why, how long they took,
+// and what share of all the faults' service time (read to install) went to them.
+func printHeld(s *runtime.Stats) {
+	var all, held time.Duration
+	for i := range s.Latency {
+		all += s.Latency[i].Sum()
+	}
+	var parts []string
+	for h := fetcher.Held(0); h < fetcher.NumHeld; h++ {
+		x := &s.Held[h]
+		if x.Count() == 0 {
+			continue
+		}
+		held += x.Sum()
+		parts = append(parts, fmt.Sprintf("%s %d p50 %v p99 %v", h, x.Count(), x.Quantile(0.5), x.Quantile(0.99)))
+	}
+	if len(parts) == 0 {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "farmem: faults held (room: at the cap, waiting for the evictor; busy: their page in a batch or being read; event: behind an unread event): %s; %.1f%% of all faults' service time\n",
+		strings.Join(parts, ", "), 100*float64(held)/float64(max(all, 1)))
 }
 
 // byteSize prints n bytes in the largest binary unit that keeps it at least 1.

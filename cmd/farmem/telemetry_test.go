@@ -586,6 +586,16 @@ func TestLatencyOut(t *testing.T) {
 	if m == nil || ev == nil || strconv.FormatInt(counts["backend"], 10) != m[1] || strconv.FormatInt(counts["eviction-batch"], 10) != ev[1] {
 		t.Fatalf("--latency-out counts %v, the summary's backend faults %v and batches %v", counts, m, ev)
 	}
+	// The faults held before service: the summary's count of each reason is the file's.
+	for _, why := range []string{"room", "busy", "event"} {
+		want := "0"
+		if m := mustCompile(`faults held .*[:,] ` + why + ` ([0-9]+) p50`).FindStringSubmatch(out); m != nil {
+			want = m[1]
+		}
+		if got := strconv.FormatInt(counts["held-"+why], 10); got != want {
+			t.Fatalf("--latency-out holds %s faults held for %s, the summary %s", got, why, want)
+		}
+	}
 	os.Remove(path)
 	runMicro(t, nil, "--quiet", "--latency-out", path)
 	if b, err := os.ReadFile(path); err != nil || !strings.Contains(string(b), "\nbackend,") {
