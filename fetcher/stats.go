@@ -41,7 +41,7 @@ type Stats struct {
 	// Held is the service time, read to install, of the faults that could not be served when
 	// first read (they are in Latency too), by why: a fault kept for several reasons counts
 	// under room if it ever waited for room, else busy, else event.
-	Held [NumHeld]latency.Histogram
+	Held    [NumHeld]latency.Histogram
 	Removes atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
 	// FromStaging is the pages fork children read from their copy of the parent's staging
 	// area: the parent had moved them out, and not yet stored them, when it forked.
