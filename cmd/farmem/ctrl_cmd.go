@@ -50,7 +50,7 @@ func ctrlCommand() *cli.Command {
 			&cli.StringFlag{Name: "listen", Value: ctrlDefaultAddr, Usage: "HOST:PORT to serve the API on (memory servers, clients and farmem status connect here)"},
 			&cli.StringFlag{Name: "state", Value: "/var/lib/farmem/ctrl", Usage: "directory keeping the ctrl's state across restarts (servers, sessions, slabs); created if\n\tmissing; one ctrl per directory"},
 			ctrlTokenFlag(),
-			&cli.StringFlag{Name: "slab-size", Value: "64MiB", Usage: "size of the slabs clients allocate on memory servers: SIZE as 64MiB, 1GiB (a multiple of\n\t4KiB, at least 1MiB); slabs already placed keep their size"},
+			&cli.StringFlag{Name: "slab-size", Value: "64MiB", Usage: "size of the slabs clients allocate on memory servers, a multiple of 4KiB, at least 1MiB:\n\tSIZE as 64m or 64MiB (1024-based) or a byte count; slabs already placed keep their size"},
 			&cli.DurationFlag{Name: "dead-after", Value: ctrl.DefaultDeadAfter, Usage: "a memory server silent this long is dead and its replicas are replaced (servers\n\theartbeat every 500ms; at least 1s)"},
 			&cli.DurationFlag{Name: "session-timeout", Value: ctrl.DefaultSessionTimeout, Usage: "a client session silent this long has ended and its slabs are freed (clients\n\theartbeat every 1s; at least 3s)"},
 		},
