@@ -21,7 +21,7 @@ import (
 
 const ctrlDefaultAddr = "127.0.0.1:7000"
 
-// ctrlLoadToken reads --token-file. Without the flag it is bad input (exit 2); a file that
+// ctrlLoadToken reads --token-file. Without the flag it is bad input (exit 125); a file that
 // cannot be read or is too short is a plain failure.
 func ctrlLoadToken(c *cli.Context) (fabric.Token, error) {
 	tok, err := fabric.LoadToken(c.String("token-file"))

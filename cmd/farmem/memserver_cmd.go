@@ -79,7 +79,7 @@ func memserverCommand() *cli.Command {
 			}
 			ln, err := net.Listen("tcp", c.String("listen"))
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
+				return cli.Exit(fmt.Sprintf("memserver: %v", err), 1)
 			}
 			var shm *net.UnixListener
 			if c.IsSet("shm") {
@@ -88,7 +88,7 @@ func memserverCommand() *cli.Command {
 					if _, ok := err.(usageError); ok {
 						return err
 					}
-					return cli.Exit(fmt.Sprintf("farmem memserver: --shm: %v", err), 1)
+					return cli.Exit(fmt.Sprintf("memserver: --shm: %v", err), 1)
 				}
 			}
 			logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
@@ -126,7 +126,7 @@ func memserverCommand() *cli.Command {
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if err := ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.String("ctrl"), tok), advertise, srv, logf); err != nil {
-				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
+				return cli.Exit(fmt.Sprintf("memserver: %v", err), 1)
 			}
 			return nil
 		},
