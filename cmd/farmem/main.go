@@ -96,23 +96,39 @@ func exitStatus(err error) (int, string) {
 }
 
 func newApp() *cli.App {
-	return &cli.App{
-		Name:  "farmem",
-		Usage: "run a program with a cap on its local memory; the rest lives in far memory",
+	app := &cli.App{
+		Name:    "farmem",
+		Usage:   "run a program with a cap on its local memory; the rest lives in far memory",
+		Version: version(),
 		Description: "Example:\n   farmem run --local-mem 256MiB -- redis-server --port 6400 --save ''\n\n" +
 			"The program runs unmodified through a preload shim; its anonymous memory beyond the cap\n" +
 			"is evicted to the backend (embedded in farmem unless memory servers are given) and brought\n" +
 			"back 4 KiB at a time when touched.\n\n" +
 			"Bad input to any command (an unknown flag, a bad value) exits 125, as docker's commands do;\n" +
 			"farmem run's exit statuses are in farmem help run.",
-		HideHelpCommand: true,
 		// main prints the error and exits with its status: urfave/cli would exit from inside Run.
 		ExitErrHandler: func(*cli.Context, error) {},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
 			return usageError{err.Error()}
 		},
-		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), simCommand()},
+		// urfave/cli adds --help itself only when it adds its own help command.
+		Flags: []cli.Flag{cli.HelpFlag},
+		// Reached only when no command matched: farmem alone, or farmem NOTACOMMAND.
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return usagef("no command %q: farmem help lists them", c.Args().First())
+			}
+			return cli.ShowAppHelp(c)
+		},
+		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), simCommand(),
+			versionCommand(), helpCommand()},
 	}
+	// No command has subcommands, so none needs urfave/cli's help subcommand; with it,
+	// `farmem run --local-mem 1g -- help` would show help instead of running a program named help.
+	for _, c := range app.Commands {
+		c.HideHelpCommand = true
+	}
+	return app
 }
 
 func runCommand() *cli.Command {
@@ -135,7 +151,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},
 			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION (e.g. 50us) before sleeping"),
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
-			ctrlTokenFlag(),
+			ctrlTokenFlag("with --ctrl"),
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 		}, append(prefetchFlags(), telemetryFlags()...)...),

@@ -38,7 +38,7 @@ func memserverCommand() *cli.Command {
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl; required"},
 			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
 			spinFlag("after answering a request, poll for the connection's next one up to DURATION (e.g. 50us) before sleeping"),
-			ctrlTokenFlag(),
+			ctrlTokenFlag(""),
 		}, otlpFlags("a span of each traced request (see above)")...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
