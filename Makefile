@@ -5,8 +5,11 @@ CC      ?= gcc
 SHIM    := launcher/shim/libfarmem.so
 
 .PHONY: build test shim workloads clean bench bench-smoke fuzz
+# The commit `farmem version` reports, -dirty if tracked files differ from it; empty outside a
+# git checkout. Stamped by -ldflags because GOFLAGS may hold -buildvcs=false.
+COMMIT  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet HEAD -- 2>/dev/null && echo -dirty)
 build: shim workloads
-	$(GO) build -o bin/farmem ./cmd/farmem
+	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/farmem ./cmd/farmem
 
 shim: $(SHIM)
 $(SHIM): launcher/shim/shim.c

@@ -245,8 +245,9 @@ func TestClusterSingleCopyLossStopsProgram(t *testing.T) {
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err := <-done:
-		if err == nil {
-			t.Fatalf("farmem run exited 0 after the only copy of its pages died: %s", out.String())
+		// The program was SIGKILLed: farmem exits as the kill left it, 128+9.
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 128+int(syscall.SIGKILL) {
+			t.Fatalf("farmem run exited %v after the only copy of its pages died, want status 137: %s", err, out.String())
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the program still runs 60s after its only memory server died: %s", out.String())
@@ -261,7 +262,8 @@ func TestClusterSingleCopyLossStopsProgram(t *testing.T) {
 	}
 }
 
-// Bad cluster input from the command line: each gets its message and nothing runs.
+// Bad cluster input from the command line: each gets its message and nothing runs. farmem's
+// failures are 125 under farmem run; the other commands' are 125 for bad input, 1 otherwise.
 func TestClusterBadInput(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good")
@@ -277,15 +279,25 @@ func TestClusterBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"run", "--ctrl", addr, "--token-file", bad, "--local-mem", "64MiB", "--", "true"}, 1, "wrong or missing cluster token"},
-		{[]string{"run", "--ctrl", addr, "--local-mem", "64MiB", "--", "true"}, 2, "--token-file"},
-		{[]string{"run", "--ctrl", unreachable, "--token-file", good, "--local-mem", "64MiB", "--", "true"}, 1, "cannot reach the farmem ctrl at " + unreachable},
-		{[]string{"run", "--replicas", "2", "--local-mem", "64MiB", "--", "true"}, 2, "give --ctrl"},
-		{[]string{"run", "--ctrl", addr, "--token-file", good, "--replicas", "0", "--local-mem", "64MiB", "--", "true"}, 2, "--replicas 0"},
-		{[]string{"run", "--ctrl", addr, "--token-file", good, "--compress", "lz4", "--local-mem", "64MiB", "--", "true"}, 2, "--compress applies to the embedded store"},
+		{[]string{"run", "--ctrl", addr, "--token-file", bad, "--local-mem", "64MiB", "--", "true"}, 125, "wrong or missing cluster token"},
+		{[]string{"run", "--ctrl", addr, "--local-mem", "64MiB", "--", "true"}, 125, "--token-file is required with --ctrl"},
+		{[]string{"run", "--ctrl", addr, "--token-file", "", "--local-mem", "64MiB", "--", "true"}, 125, "--token-file is required with --ctrl"},
+		{[]string{"run", "--ctrl", addr, "--token-file", filepath.Join(dir, "nope"), "--local-mem", "64MiB", "--", "true"}, 125, "reading the cluster token"},
+		{[]string{"run", "--ctrl", unreachable, "--token-file", good, "--local-mem", "64MiB", "--", "true"}, 125, "cannot reach the farmem ctrl at " + unreachable},
+		{[]string{"run", "--replicas", "2", "--local-mem", "64MiB", "--", "true"}, 125, "give --ctrl"},
+		{[]string{"run", "--ctrl", addr, "--token-file", good, "--replicas", "0", "--local-mem", "64MiB", "--", "true"}, 125, "--replicas 0"},
+		{[]string{"run", "--ctrl", addr, "--token-file", good, "--compress", "lz4", "--local-mem", "64MiB", "--", "true"}, 125, "--compress applies to the embedded store"},
 		{[]string{"memserver", "--ctrl", addr, "--token-file", bad, "--capacity", "64MiB", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, 1, "wrong or missing cluster token"},
-		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--listen", "127.0.0.1:0"}, 2, "--capacity SIZE is required"},
-		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--capacity", "1GiB", "--listen", "0.0.0.0:7070"}, 2, "give --advertise"},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--listen", "127.0.0.1:0"}, 125, "--capacity SIZE is required"},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--capacity", "1GiB", "--listen", "0.0.0.0:7070"}, 125, "give --advertise"},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--capacity", "150%", "--listen", "127.0.0.1:0"}, 125, `--capacity: size "150%": give a percentage`},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--capacity", "0.000001%", "--listen", "127.0.0.1:0"}, 125, "is below 1MiB"},
+		{[]string{"memserver", "--ctrl", addr, "--token-file", good, "--capacity", "64mb", "--listen", "127.0.0.1:0"}, 125, `"mb" is ambiguous`},
+		{[]string{"memserver", "--bogus"}, 125, "flag provided but not defined: -bogus"},
+		{[]string{"status", "--bogus"}, 125, "flag provided but not defined: -bogus"},
+		{[]string{"ctrl", "--bogus"}, 125, "flag provided but not defined: -bogus"},
+		{[]string{"sim", "--bogus"}, 125, "flag provided but not defined: -bogus"},
+		{[]string{"status", "--ctrl", unreachable, "--token-file", good}, 1, unreachable},
 	} {
 		cmd := exec.Command(farmemBin(t), c.args...)
 		out, err := cmd.CombinedOutput()

@@ -21,7 +21,7 @@ import (
 
 const ctrlDefaultAddr = "127.0.0.1:7000"
 
-// ctrlLoadToken reads --token-file. Without the flag it is bad input (exit 2); a file that
+// ctrlLoadToken reads --token-file. Without the flag it is bad input (exit 125); a file that
 // cannot be read or is too short is a plain failure.
 func ctrlLoadToken(c *cli.Context) (fabric.Token, error) {
 	tok, err := fabric.LoadToken(c.String("token-file"))
@@ -31,8 +31,14 @@ func ctrlLoadToken(c *cli.Context) (fabric.Token, error) {
 	return tok, err
 }
 
-func ctrlTokenFlag() cli.Flag {
-	return &cli.StringFlag{Name: "token-file", Usage: "file holding the cluster's shared secret, the same on the ctrl, every memory server and\n\tevery client (make one with: openssl rand -hex 32 > token); required"}
+// ctrlTokenFlag is --token-file; required says when it is: "" if always, else the condition
+// ("with --ctrl").
+func ctrlTokenFlag(required string) cli.Flag {
+	when := "required"
+	if required != "" {
+		when = "required " + required
+	}
+	return &cli.StringFlag{Name: "token-file", Usage: "file holding the cluster's shared secret, the same on the ctrl, every memory server and\n\tevery client (make one with: openssl rand -hex 32 > token); " + when}
 }
 
 func ctrlCommand() *cli.Command {
@@ -49,8 +55,8 @@ func ctrlCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: ctrlDefaultAddr, Usage: "HOST:PORT to serve the API on (memory servers, clients and farmem status connect here)"},
 			&cli.StringFlag{Name: "state", Value: "/var/lib/farmem/ctrl", Usage: "directory keeping the ctrl's state across restarts (servers, sessions, slabs); created if\n\tmissing; one ctrl per directory"},
-			ctrlTokenFlag(),
-			&cli.StringFlag{Name: "slab-size", Value: "64MiB", Usage: "size of the slabs clients allocate on memory servers: SIZE as 64MiB, 1GiB (a multiple of\n\t4KiB, at least 1MiB); slabs already placed keep their size"},
+			ctrlTokenFlag(""),
+			&cli.StringFlag{Name: "slab-size", Value: "64MiB", Usage: "size of the slabs clients allocate on memory servers, a multiple of 4KiB, at least 1MiB:\n\tSIZE as 64m or 64MiB (1024-based) or a byte count; slabs already placed keep their size"},
 			&cli.DurationFlag{Name: "dead-after", Value: ctrl.DefaultDeadAfter, Usage: "a memory server silent this long is dead and its replicas are replaced (servers\n\theartbeat every 500ms; at least 1s)"},
 			&cli.DurationFlag{Name: "session-timeout", Value: ctrl.DefaultSessionTimeout, Usage: "a client session silent this long has ended and its slabs are freed (clients\n\theartbeat every 1s; at least 3s)"},
 		},
@@ -124,7 +130,7 @@ func statusCommand() *cli.Command {
 			"filled, or no server has room for one yet) and lost when no copy survives.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "ctrl", Value: ctrlDefaultAddr, Usage: "HOST:PORT of the farmem ctrl"},
-			ctrlTokenFlag(),
+			ctrlTokenFlag(""),
 			&cli.BoolFlag{Name: "json", Usage: "print the ctrl's raw JSON status instead of tables"},
 		},
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },

@@ -97,7 +97,7 @@ func TestCtrlCommandBadInput(t *testing.T) {
 	cases := []struct {
 		name  string
 		args  []string
-		usage bool // exit status 2: bad input, nothing started
+		usage bool // exit status 125: bad input, nothing started
 		want  string
 	}{
 		{"no token", []string{"ctrl", "--state", state}, true, "a cluster token is required: pass --token-file"},

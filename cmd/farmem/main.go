@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,44 +33,102 @@ const minLocalMem = 16 << 20
 // maxEvictHeat bounds --evict-heat: a page in use already stays 16 rounds of the queue at that.
 const maxEvictHeat = 15
 
-// usageError is bad input: one line on stderr, exit status 2, nothing started.
+// farmem's own exit statuses, as env, timeout and docker run use them. Any other status of
+// farmem run is the program's: its exit status, or 128+N if it was killed by signal N.
+const (
+	exitFailed    = 125 // farmem failed: bad input, no userfaultfd, backend unreachable, an internal error
+	exitCannotRun = 126 // the program was found but cannot be executed
+	exitNotFound  = 127 // the program was not found
+)
+
+// exitCodesHelp is the table of exit statuses in farmem run's help.
+const exitCodesHelp = "Exit status, as env, timeout and docker run give theirs:\n" +
+	"   125        farmem failed: bad flags, an unparsable or too small --local-mem, no userfaultfd\n" +
+	"              permission, the ctrl or memory servers unreachable at start, an internal error\n" +
+	"   126        the program cannot be executed: no execute permission, a directory, statically\n" +
+	"              linked (the shim cannot be preloaded), neither ELF nor #! script, its interpreter\n" +
+	"              or dynamic loader missing\n" +
+	"   127        the program was not found\n" +
+	"   128+N      the program was killed by signal N\n" +
+	"   any other  the program's own exit status, unchanged (a program exiting 2 makes farmem exit 2)\n" +
+	"farmem's flags are checked before the program: with both wrong, the status is 125. A program\n" +
+	"farmem stops because a page could not be served exits as that kill leaves it (SIGKILL: 137),\n" +
+	"with a message; if it had already exited 0 (a fork child was stopped), farmem exits 125. A\n" +
+	"failure after the run (writing --record-faults) leaves the program's status, or 125 for 0."
+
+// usageError is bad input: one line on stderr, exit status 125, nothing started.
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
+func (usageError) ExitCode() int   { return exitFailed }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
+// programError is a program farmem run cannot start: exit status 126 or 127, nothing started.
+type programError struct {
+	msg  string
+	code int
+}
+
+func (e programError) Error() string { return e.msg }
+func (e programError) ExitCode() int { return e.code }
+
 func main() {
-	app := &cli.App{
-		Name:  "farmem",
-		Usage: "run a program with a cap on its local memory; the rest lives in far memory",
-		Description: "Example:\n   farmem run --local-mem 256MiB -- redis-server --port 6400 --save ''\n\n" +
-			"The program runs unmodified through a preload shim; its anonymous memory beyond the cap\n" +
-			"is evicted to the backend (embedded in farmem unless memory servers are given) and brought\n" +
-			"back 4 KiB at a time when touched.",
-		HideHelpCommand: true,
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return usageError{err.Error()}
-		},
-		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), simCommand()},
+	code, msg := exitStatus(newApp().Run(os.Args))
+	if msg != "" {
+		fmt.Fprintf(os.Stderr, "farmem: %s\n", msg)
 	}
-	err := app.Run(os.Args)
-	var ue usageError
+	os.Exit(code)
+}
+
+// exitStatus is farmem's exit status and the line to print for what a command returned. An
+// error that carries no status is a command's plain failure: 1 (farmem run gives its own 125).
+func exitStatus(err error) (int, string) {
 	var ex cli.ExitCoder
 	switch {
 	case err == nil:
-	case errors.As(err, &ue):
-		fmt.Fprintf(os.Stderr, "farmem: %v\n", err)
-		os.Exit(2)
+		return 0, ""
 	case errors.As(err, &ex):
-		if msg := ex.Error(); msg != "" {
-			fmt.Fprintf(os.Stderr, "farmem: %s\n", msg)
-		}
-		os.Exit(ex.ExitCode())
+		return ex.ExitCode(), err.Error()
 	default:
-		fmt.Fprintf(os.Stderr, "farmem: %v\n", err)
-		os.Exit(1)
+		return 1, err.Error()
 	}
+}
+
+func newApp() *cli.App {
+	app := &cli.App{
+		Name:    "farmem",
+		Usage:   "run a program with a cap on its local memory; the rest lives in far memory",
+		Version: version(),
+		Description: "Example:\n   farmem run --local-mem 256MiB -- redis-server --port 6400 --save ''\n\n" +
+			"The program runs unmodified through a preload shim; its anonymous memory beyond the cap\n" +
+			"is evicted to the backend (embedded in farmem unless memory servers are given) and brought\n" +
+			"back 4 KiB at a time when touched.\n\n" +
+			"Bad input to any command (an unknown flag, a bad value) exits 125, as docker's commands do;\n" +
+			"farmem run's exit statuses are in farmem help run.",
+		// main prints the error and exits with its status: urfave/cli would exit from inside Run.
+		ExitErrHandler: func(*cli.Context, error) {},
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usageError{err.Error()}
+		},
+		// urfave/cli adds --help itself only when it adds its own help command.
+		Flags: []cli.Flag{cli.HelpFlag},
+		// Reached only when no command matched: farmem alone, or farmem NOTACOMMAND.
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return usagef("no command %q: farmem help lists them", c.Args().First())
+			}
+			return cli.ShowAppHelp(c)
+		},
+		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), simCommand(),
+			versionCommand(), helpCommand()},
+	}
+	// No command has subcommands, so none needs urfave/cli's help subcommand; with it,
+	// `farmem run --local-mem 1g -- help` would show help instead of running a program named help.
+	for _, c := range app.Commands {
+		c.HideHelpCommand = true
+	}
+	return app
 }
 
 func runCommand() *cli.Command {
@@ -77,137 +136,181 @@ func runCommand() *cli.Command {
 		Name:      "run",
 		Usage:     "run a program under a local-memory cap",
 		ArgsUsage: "-- PROGRAM [ARGS...]",
-		Description: "The program's exit status becomes farmem's (128+N if killed by signal N); SIGINT,\n" +
-			"SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to it. If farmem cannot serve a page (it\n" +
-			"crashed, the backend lost it), the program is stopped: it never reads zeros in its place.\n\n" +
+		Description: "SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to the program. If farmem cannot\n" +
+			"serve a page (it crashed, the backend lost it), the program is stopped: it never reads zeros\n" +
+			"in its place.\n\n" +
 			"Where it can (root, cgroup v1), farmem starts the program in a memory cgroup of its own\n" +
 			"(farmem-PID, inside farmem's cgroup, removed at exit). It sets no limit there: its usage\n" +
-			"thresholds only tell farmem when the program nears the cap, so that farmem need not poll.",
+			"thresholds only tell farmem when the program nears the cap, so that farmem need not poll.\n\n" +
+			exitCodesHelp,
 		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory: SIZE as 512MiB, 2GiB, 800MB or bytes (at least 16MiB); required"},
+			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory, at least 16MiB; required. SIZE: 512m or\n\t512MiB (k, m, g, t and KiB, MiB... are 1024-based, as docker and systemd read them), 800MB (KB,\n\tMB... are 1000-based), a byte count, or 25% (of the machine's memory: MemTotal). kb, mb... are\n\trefused as ambiguous (docker reads 512mb as 512MiB, SI as 512MB)"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too, at a cost: at a 25% cap redis ran 0.91-1.04x as fast with lz4 and\n\t0.74-0.76x with zstd as with none (results/redis.md, measured before the pinning: stale)"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
 			&cli.StringFlag{Name: "transport", Value: "tcp", Usage: "with --ctrl: how to reach memory servers: tcp; shm (a memory server on this host started\n\twith --shm DIR is reached through shared memory: no request per page; others by tcp); rdma"},
 			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},
 			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION (e.g. 50us) before sleeping"),
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
-			ctrlTokenFlag(),
+			ctrlTokenFlag("with --ctrl"),
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 		}, append(prefetchFlags(), telemetryFlags()...)...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
-			if !c.IsSet("local-mem") {
-				return usagef("--local-mem SIZE is required: how much local memory the program may use")
+			err := runAction(c)
+			var ex cli.ExitCoder
+			if err != nil && !errors.As(err, &ex) {
+				return cli.Exit(err.Error(), exitFailed) // farmem's own failure, not the program's
 			}
-			capBytes, err := parseSize(c.String("local-mem"))
-			if err != nil {
-				return usagef("--local-mem: %v", err)
-			}
-			if capBytes < minLocalMem {
-				return usagef("--local-mem %s is below the minimum of 16MiB", c.String("local-mem"))
-			}
-			argv := c.Args().Slice()
-			if len(argv) == 0 {
-				return usagef("no program given: usage is farmem run --local-mem SIZE -- PROGRAM [ARGS...]")
-			}
-			path, err := checkProgram(argv[0])
-			if err != nil {
-				return err
-			}
-			pcfg, err := prefetchOptions(c)
-			if err != nil {
-				return err
-			}
-			cachePages, err := prefetchCachePages(c, capBytes)
-			if err != nil {
-				return err
-			}
-			heat := c.Int("evict-heat")
-			if heat < 0 || heat > maxEvictHeat {
-				return usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
-			}
-			codec, err := backend.CodecByName(c.String("compress"))
-			if err != nil {
-				return usagef("--compress: %v", err)
-			}
-			tcfg, statsEvery, err := telemetryOptions(c, argv[0])
-			if err != nil {
-				return err
-			}
-			if err := checkUserfaultfd(); err != nil {
-				return err
-			}
-			argv[0] = path
-			var store backend.Backend = backend.NewMemory()
-			if codec != nil {
-				store = backend.NewCompressed(codec)
-			}
-			if c.IsSet("ctrl") {
-				if store, err = openRemote(c, argv); err != nil {
-					return err
-				}
-			} else if c.IsSet("replicas") || c.IsSet("token-file") || c.IsSet("transport") || c.IsSet("shm") || c.IsSet("spin") {
-				if _, err := transportDial(c, nil); err != nil {
-					return err
-				}
-				return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
-			}
-			defer store.Close()
-			latencyOut := c.String("latency-out")
-			if latencyOut != "" {
-				// Written at exit; a path that cannot be written is bad input now, not a
-				// message after the run.
-				if err := os.WriteFile(latencyOut, nil, 0o644); err != nil {
-					return usagef("--latency-out: %v", err)
-				}
-			}
-			tel, err := startTelemetry(tcfg)
-			if err != nil {
-				return err
-			}
-			trace, err := openTrace(c) // last: a failure above leaves no file behind
-			if err != nil {
-				stopTelemetry(tel, true)
-				return err
-			}
-			tracing, evictTrace := tel.Tracing(store)
-			status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-				Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace,
-				Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut})
-			stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
-			if trace != nil {                   // Run has stopped every fault thread
-				if cerr := closeTrace(c, trace); err == nil {
-					err = cerr
-				}
-			}
-			if err != nil {
-				return cli.Exit(err.Error(), max(status, 1))
-			}
-			if status != 0 {
-				return cli.Exit("", status)
-			}
-			return nil
+			return err
 		},
 	}
+}
+
+// runAction is farmem run. It checks farmem's flags first (125), then the program (126, 127),
+// then what farmem needs from the machine and the cluster (125).
+func runAction(c *cli.Context) error {
+	if !c.IsSet("local-mem") {
+		return usagef("--local-mem SIZE is required: how much local memory the program may use")
+	}
+	capBytes, err := parseMemSize(c.String("local-mem"))
+	if err != nil {
+		return usagef("--local-mem: %v", err)
+	}
+	if capBytes < minLocalMem {
+		return usagef("--local-mem %s (%s) is below the minimum of 16MiB", c.String("local-mem"), formatSize(capBytes))
+	}
+	argv := c.Args().Slice()
+	if len(argv) == 0 {
+		return usagef("no program given: usage is farmem run --local-mem SIZE -- PROGRAM [ARGS...]")
+	}
+	pcfg, err := prefetchOptions(c)
+	if err != nil {
+		return err
+	}
+	cachePages, err := prefetchCachePages(c, capBytes)
+	if err != nil {
+		return err
+	}
+	heat := c.Int("evict-heat")
+	if heat < 0 || heat > maxEvictHeat {
+		return usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
+	}
+	codec, err := backend.CodecByName(c.String("compress"))
+	if err != nil {
+		return usagef("--compress: %v", err)
+	}
+	if err := checkRemoteFlags(c); err != nil {
+		return err
+	}
+	tcfg, statsEvery, err := telemetryOptions(c, argv[0])
+	if err != nil {
+		return err
+	}
+	path, err := checkProgram(argv[0])
+	if err != nil {
+		return err
+	}
+	if err := checkUserfaultfd(); err != nil {
+		return err
+	}
+	argv[0] = path
+	var store backend.Backend = backend.NewMemory()
+	if codec != nil {
+		store = backend.NewCompressed(codec)
+	}
+	if c.IsSet("ctrl") {
+		if store, err = openRemote(c, argv); err != nil {
+			return err
+		}
+	}
+	defer store.Close()
+	latencyOut := c.String("latency-out")
+	if latencyOut != "" {
+		// Written at exit; a path that cannot be written is bad input now, not a
+		// message after the run.
+		if err := os.WriteFile(latencyOut, nil, 0o644); err != nil {
+			return usagef("--latency-out: %v", err)
+		}
+	}
+	tel, err := startTelemetry(tcfg)
+	if err != nil {
+		return err
+	}
+	trace, err := openTrace(c) // last: a failure above leaves no file behind
+	if err != nil {
+		stopTelemetry(tel, true)
+		return err
+	}
+	tracing, evictTrace := tel.Tracing(store)
+	status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
+		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace,
+		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut})
+	stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
+	if trace != nil {                   // Run has stopped every fault thread
+		if cerr := closeTrace(c, trace); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return cli.Exit(err.Error(), failedRunStatus(status, err))
+	}
+	if status != 0 {
+		return cli.Exit("", status)
+	}
+	return nil
+}
+
+// failedRunStatus is farmem's exit status when the run failed with err after launcher.Run:
+// 127 or 126 if the program could not be started (os.StartProcess's error), else the program's
+// status if it has one (a program farmem stopped: the kill's), else 125.
+func failedRunStatus(status int, err error) int {
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Op == "fork/exec" {
+		if errors.Is(pe.Err, fs.ErrNotExist) {
+			return exitNotFound
+		}
+		return exitCannotRun
+	}
+	if status != 0 {
+		return status
+	}
+	return exitFailed
+}
+
+// checkRemoteFlags checks the flags that go with --ctrl, and that none is given without it.
+func checkRemoteFlags(c *cli.Context) error {
+	if !c.IsSet("ctrl") {
+		if c.IsSet("replicas") || c.IsSet("token-file") || c.IsSet("transport") || c.IsSet("shm") || c.IsSet("spin") {
+			if _, err := transportDial(c, nil); err != nil {
+				return err
+			}
+			return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
+		}
+		return nil
+	}
+	if c.String("token-file") == "" {
+		return usagef("--token-file is required with --ctrl: the file holding the cluster's shared secret")
+	}
+	if c.IsSet("compress") {
+		return usagef("--compress applies to the embedded store; memory servers keep pages as they are")
+	}
+	if r := c.Int("replicas"); r < 1 || r > ctrl.MaxReplicas {
+		return usagef("--replicas %d: give 1 to %d", r, ctrl.MaxReplicas)
+	}
+	_, err := transportDial(c, nil)
+	return err
 }
 
 // openRemote starts a session with the ctrl; a cluster that cannot take pages fails here,
 // before the program starts.
 func openRemote(c *cli.Context, argv []string) (backend.Backend, error) {
-	if c.IsSet("compress") {
-		return nil, usagef("--compress applies to the embedded store; memory servers keep pages as they are")
-	}
-	r := c.Int("replicas")
-	if r < 1 || r > ctrl.MaxReplicas {
-		return nil, usagef("--replicas %d: give 1 to %d", r, ctrl.MaxReplicas)
-	}
 	logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
 	info := logf
 	if c.Bool("quiet") {
 		info = func(string, ...any) {}
 	}
-	dial, err := transportDial(c, info)
+	dial, err := transportDial(c, info) // checked by checkRemoteFlags
 	if err != nil {
 		return nil, err
 	}
@@ -216,32 +319,37 @@ func openRemote(c *cli.Context, argv []string) (backend.Backend, error) {
 		return nil, err
 	}
 	host, _ := os.Hostname()
-	s, err := remote.Open(remote.Config{Ctrl: c.String("ctrl"), Token: tok, Replicas: r, Dial: dial,
+	return remote.Open(remote.Config{Ctrl: c.String("ctrl"), Token: tok, Replicas: c.Int("replicas"), Dial: dial,
 		Name: fmt.Sprintf("%s pid %d %s", host, os.Getpid(), filepath.Base(argv[0])), Logf: logf})
-	if err != nil {
-		return nil, cli.Exit("farmem: "+err.Error(), 1)
-	}
-	return s, nil
 }
 
-// checkProgram resolves the program and refuses what the preload shim cannot enter.
+// checkProgram resolves the program and refuses what the preload shim cannot enter: 127 if it
+// is not found, 126 if it is but cannot be run under farmem.
 func checkProgram(name string) (string, error) {
 	path, err := exec.LookPath(name)
 	if err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return "", usagef("program %q not found", name)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return "", programError{fmt.Sprintf("program %q not found", name), exitNotFound}
 		}
-		return "", usagef("program %q cannot be run: %v", name, errors.Unwrap(err))
+		return "", cannotRun("program %q cannot be run: %v", name, errors.Unwrap(err))
 	}
 	return path, checkDynamic(path, 0)
 }
 
-// checkDynamic follows #! interpreters and requires a dynamically linked ELF at the end:
-// a static program ignores LD_PRELOAD and would run unpaged, silently.
+func cannotRun(format string, a ...any) error {
+	return programError{fmt.Sprintf(format, a...), exitCannotRun}
+}
+
+// checkDynamic follows #! interpreters and requires a dynamically linked ELF at the end, whose
+// own interpreter (the dynamic loader) exists: a static program ignores LD_PRELOAD and would run
+// unpaged, silently.
 func checkDynamic(path string, depth int) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return usagef("program %q cannot be read: %v", path, err)
+		if depth > 0 {
+			return cannotRun("interpreter %q cannot be read: %v", path, errors.Unwrap(err))
+		}
+		return cannotRun("program %q cannot be read: %v", path, errors.Unwrap(err))
 	}
 	defer f.Close()
 	head := make([]byte, 256)
@@ -251,20 +359,29 @@ func checkDynamic(path string, depth int) error {
 		line, _, _ := bufio.NewReader(strings.NewReader(string(head[2:]))).ReadLine()
 		fields := strings.Fields(string(line))
 		if len(fields) == 0 {
-			return usagef("script %q has an empty #! line", path)
+			return cannotRun("script %q has an empty #! line", path)
 		}
 		return checkDynamic(fields[0], depth+1)
 	}
 	ef, err := elf.NewFile(f)
 	if err != nil {
-		return usagef("program %q is neither an ELF executable nor a #! script", path)
+		return cannotRun("program %q is neither an ELF executable nor a #! script", path)
 	}
 	for _, p := range ef.Progs {
-		if p.Type == elf.PT_INTERP {
-			return nil
+		if p.Type != elf.PT_INTERP {
+			continue
 		}
+		b, err := io.ReadAll(p.Open())
+		if err != nil {
+			return cannotRun("program %q: its ELF interpreter cannot be read: %v", path, err)
+		}
+		interp := strings.TrimRight(string(b), "\x00")
+		if _, err := os.Stat(interp); err != nil {
+			return cannotRun("program %q needs the dynamic loader %s, which is missing", path, interp)
+		}
+		return nil
 	}
-	return usagef("program %q is statically linked: farmem cannot preload its shim into it", path)
+	return cannotRun("program %q is statically linked: farmem cannot preload its shim into it", path)
 }
 
 func checkUserfaultfd() error {

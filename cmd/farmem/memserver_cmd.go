@@ -34,11 +34,11 @@ func memserverCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7070", Usage: "HOST:PORT clients connect to"},
 			&cli.StringFlag{Name: "advertise", Usage: "HOST:PORT clients should dial, if not --listen (say --listen 0.0.0.0:7070 --advertise 10.0.0.7:7070)"},
-			&cli.StringFlag{Name: "capacity", Usage: "memory to donate: SIZE as 32GiB, 512MiB; required"},
+			&cli.StringFlag{Name: "capacity", Usage: "memory to donate, at least 1MiB; required. SIZE as for farmem run --local-mem: 32g or\n\t32GiB (1024-based), 32GB (1000-based), a byte count, or 50% (of this machine's memory: MemTotal)"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl; required"},
 			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
 			spinFlag("after answering a request, poll for the connection's next one up to DURATION (e.g. 50us) before sleeping"),
-			ctrlTokenFlag(),
+			ctrlTokenFlag(""),
 		}, otlpFlags("a span of each traced request (see above)")...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
@@ -48,12 +48,12 @@ func memserverCommand() *cli.Command {
 			if !c.IsSet("capacity") {
 				return usagef("--capacity SIZE is required: how much memory this server donates")
 			}
-			capBytes, err := parseSize(c.String("capacity"))
+			capBytes, err := parseMemSize(c.String("capacity"))
 			if err != nil {
 				return usagef("--capacity: %v", err)
 			}
 			if capBytes < 1<<20 {
-				return usagef("--capacity %s is below 1MiB", c.String("capacity"))
+				return usagef("--capacity %s (%s) is below 1MiB", c.String("capacity"), formatSize(capBytes))
 			}
 			if c.String("ctrl") == "" {
 				return usagef("--ctrl HOST:PORT is required: the memory server registers with the ctrl")
@@ -79,7 +79,7 @@ func memserverCommand() *cli.Command {
 			}
 			ln, err := net.Listen("tcp", c.String("listen"))
 			if err != nil {
-				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
+				return cli.Exit(fmt.Sprintf("memserver: %v", err), 1)
 			}
 			var shm *net.UnixListener
 			if c.IsSet("shm") {
@@ -88,7 +88,7 @@ func memserverCommand() *cli.Command {
 					if _, ok := err.(usageError); ok {
 						return err
 					}
-					return cli.Exit(fmt.Sprintf("farmem memserver: --shm: %v", err), 1)
+					return cli.Exit(fmt.Sprintf("memserver: --shm: %v", err), 1)
 				}
 			}
 			logf := func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
@@ -126,7 +126,7 @@ func memserverCommand() *cli.Command {
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			if err := ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.String("ctrl"), tok), advertise, srv, logf); err != nil {
-				return cli.Exit(fmt.Sprintf("farmem memserver: %v", err), 1)
+				return cli.Exit(fmt.Sprintf("memserver: %v", err), 1)
 			}
 			return nil
 		},

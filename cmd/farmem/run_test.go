@@ -531,47 +531,70 @@ func TestRuntimeDeathStopsForkChild(t *testing.T) {
 	}
 }
 
-// Test 6: bad input gets one line naming the problem, exit status 2, and nothing runs.
+// Test 6: bad input gets one line naming the problem and nothing runs: exit status 125 for
+// farmem's own flags, 127 for a program not found, 126 for one that cannot be run under farmem.
 func TestBadInput(t *testing.T) {
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "ran")
 	script := filepath.Join(dir, "noexec.sh")
 	os.WriteFile(script, []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o644)
+	noInterp := filepath.Join(dir, "nointerp.sh")
+	os.WriteFile(noInterp, []byte("#!/nonexistent/farmem-shell\ntouch "+marker+"\n"), 0o755)
+	text := filepath.Join(dir, "text")
+	os.WriteFile(text, []byte("touch "+marker+"\n"), 0o755)
 	static := filepath.Join(dir, "static")
 	src := filepath.Join(dir, "static.c")
 	os.WriteFile(src, []byte("int main(void){return 0;}\n"), 0o644)
+	var noStatic string // why the static case is skipped
 	if out, err := exec.Command("gcc", "-static", "-o", static, src).CombinedOutput(); err != nil {
-		t.Fatalf("building a static program: %v\n%s", err, out)
+		noStatic = fmt.Sprintf("gcc -static cannot build a static program here (no static libc?): %v\n%s", err, out)
 	}
 	touch := []string{"/bin/sh", "-c", "touch " + marker}
 	cases := []struct {
 		name string
 		args []string
+		code int
 		want string
 	}{
-		{"unknown flag", append([]string{"run", "--local-mem", "64MiB", "--bogus", "--"}, touch...), "flag provided but not defined: -bogus"},
-		{"no program", []string{"run", "--local-mem", "64MiB"}, "no program given"},
-		{"no cap", append([]string{"run", "--"}, touch...), "--local-mem SIZE is required"},
-		{"bad unit", append([]string{"run", "--local-mem", "12XB", "--"}, touch...), `cannot parse size "12XB"`},
-		{"negative", append([]string{"run", "--local-mem", "-5MiB", "--"}, touch...), `must be positive`},
-		{"below minimum", append([]string{"run", "--local-mem", "1MiB", "--"}, touch...), "below the minimum of 16MiB"},
-		{"not found", []string{"run", "--local-mem", "64MiB", "--", "no-such-program-farmem"}, `"no-such-program-farmem" not found`},
-		{"not executable", []string{"run", "--local-mem", "64MiB", "--", script}, "cannot be run"},
-		{"static", []string{"run", "--local-mem", "64MiB", "--", static}, "statically linked"},
-		{"unknown codec", append([]string{"run", "--local-mem", "64MiB", "--compress", "lzma", "--"}, touch...), `unknown codec "lzma" (valid: none, lz4, zstd)`},
-		{"unknown prefetcher", append([]string{"run", "--local-mem", "64MiB", "--prefetch", "oracle", "--"}, touch...), `unknown prefetcher "oracle": choose one of leap, readahead, stride, nextn, none`},
-		{"prefetch max 0", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "0", "--"}, touch...), "--prefetch-max 0: give 1 to 32 pages"},
-		{"prefetch max too big", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "64", "--"}, touch...), "--prefetch-max 64: give 1 to 32 pages"},
-		{"evict heat too big", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "16", "--"}, touch...), "--evict-heat 16: give 0 to 15"},
-		{"evict heat negative", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "-1", "--"}, touch...), "--evict-heat -1: give 0 to 15"},
-		{"prefetch mode unknown", append([]string{"run", "--local-mem", "64MiB", "--prefetch-mode", "ring", "--"}, touch...), `--prefetch-mode "ring": give map or cache`},
-		{"cache pages in map mode", append([]string{"run", "--local-mem", "64MiB", "--prefetch-cache-pages", "100", "--"}, touch...), "--prefetch-cache-pages applies to --prefetch-mode cache"},
-		{"cache pages over half the cap", append([]string{"run", "--local-mem", "64MiB", "--prefetch-mode", "cache", "--prefetch-cache-pages", "9000", "--"}, touch...), "--prefetch-cache-pages 9000: give 1 to 8192 (half the cap)"},
-		{"prefetch history 1", append([]string{"run", "--local-mem", "64MiB", "--prefetch-history", "1", "--"}, touch...), "--prefetch-history 1: give at least 2"},
-		{"trace not writable", append([]string{"run", "--local-mem", "64MiB", "--record-faults", filepath.Join(dir, "no", "such", "dir"), "--"}, touch...), "--record-faults: "},
+		{"unknown flag", append([]string{"run", "--local-mem", "64MiB", "--bogus", "--"}, touch...), 125, "flag provided but not defined: -bogus"},
+		{"unknown top-level flag", []string{"--bogus"}, 125, "flag provided but not defined: -bogus"},
+		{"no program", []string{"run", "--local-mem", "64MiB"}, 125, "no program given"},
+		{"no cap", append([]string{"run", "--"}, touch...), 125, "--local-mem SIZE is required"},
+		{"bad unit", append([]string{"run", "--local-mem", "12XB", "--"}, touch...), 125, `cannot parse size "12XB"`},
+		{"negative", append([]string{"run", "--local-mem", "-5MiB", "--"}, touch...), 125, `must be positive`},
+		{"zero", append([]string{"run", "--local-mem", "0", "--"}, touch...), 125, `size "0" must be positive`},
+		{"ambiguous", append([]string{"run", "--local-mem", "512mb", "--"}, touch...), 125, `"mb" is ambiguous: write 512M or 512MiB`},
+		{"percent over 100", append([]string{"run", "--local-mem", "150%", "--"}, touch...), 125, `size "150%": give a percentage of the machine's memory above 0 and at most 100`},
+		{"exponent", append([]string{"run", "--local-mem", "1e9", "--"}, touch...), 125, `cannot parse size "1e9": no exponents`},
+		{"below minimum", append([]string{"run", "--local-mem", "1MiB", "--"}, touch...), 125, "--local-mem 1MiB (1MiB) is below the minimum of 16MiB"},
+		{"percent below minimum", append([]string{"run", "--local-mem", "0.0001%", "--"}, touch...), 125, "--local-mem 0.0001% ("},
+		{"token without ctrl", append([]string{"run", "--local-mem", "64MiB", "--token-file", script, "--"}, touch...), 125, "give --ctrl"},
+		{"ctrl without token", append([]string{"run", "--local-mem", "64MiB", "--ctrl", "127.0.0.1:1", "--"}, touch...), 125, "--token-file is required with --ctrl"},
+		{"not found", []string{"run", "--local-mem", "64MiB", "--", "no-such-program-farmem"}, 127, `program "no-such-program-farmem" not found`},
+		{"no such path", []string{"run", "--local-mem", "64MiB", "--", filepath.Join(dir, "nope")}, 127, "not found"},
+		{"bad flag and not found", []string{"run", "--local-mem", "64MiB", "--evict-heat", "16", "--", "no-such-program-farmem"}, 125, "--evict-heat 16"},
+		{"not executable", []string{"run", "--local-mem", "64MiB", "--", script}, 126, "cannot be run: permission denied"},
+		{"directory", []string{"run", "--local-mem", "64MiB", "--", dir}, 126, "cannot be run"},
+		{"missing interpreter", []string{"run", "--local-mem", "64MiB", "--", noInterp}, 126, `interpreter "/nonexistent/farmem-shell" cannot be read`},
+		{"neither ELF nor script", []string{"run", "--local-mem", "64MiB", "--", text}, 126, "neither an ELF executable nor a #! script"},
+		{"static", []string{"run", "--local-mem", "64MiB", "--", static}, 126, "statically linked"},
+		{"unknown codec", append([]string{"run", "--local-mem", "64MiB", "--compress", "lzma", "--"}, touch...), 125, `unknown codec "lzma" (valid: none, lz4, zstd)`},
+		{"unknown prefetcher", append([]string{"run", "--local-mem", "64MiB", "--prefetch", "oracle", "--"}, touch...), 125, `unknown prefetcher "oracle": choose one of leap, readahead, stride, nextn, none`},
+		{"prefetch max 0", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "0", "--"}, touch...), 125, "--prefetch-max 0: give 1 to 32 pages"},
+		{"prefetch max too big", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "64", "--"}, touch...), 125, "--prefetch-max 64: give 1 to 32 pages"},
+		{"evict heat too big", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "16", "--"}, touch...), 125, "--evict-heat 16: give 0 to 15"},
+		{"evict heat negative", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "-1", "--"}, touch...), 125, "--evict-heat -1: give 0 to 15"},
+		{"prefetch mode unknown", append([]string{"run", "--local-mem", "64MiB", "--prefetch-mode", "ring", "--"}, touch...), 125, `--prefetch-mode "ring": give map or cache`},
+		{"cache pages in map mode", append([]string{"run", "--local-mem", "64MiB", "--prefetch-cache-pages", "100", "--"}, touch...), 125, "--prefetch-cache-pages applies to --prefetch-mode cache"},
+		{"cache pages over half the cap", append([]string{"run", "--local-mem", "64MiB", "--prefetch-mode", "cache", "--prefetch-cache-pages", "9000", "--"}, touch...), 125, "--prefetch-cache-pages 9000: give 1 to 8192 (half the cap)"},
+		{"prefetch history 1", append([]string{"run", "--local-mem", "64MiB", "--prefetch-history", "1", "--"}, touch...), 125, "--prefetch-history 1: give at least 2"},
+		{"trace not writable", append([]string{"run", "--local-mem", "64MiB", "--record-faults", filepath.Join(dir, "no", "such", "dir"), "--"}, touch...), 125, "--record-faults: "},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if c.name == "static" && noStatic != "" {
+				t.Skip(noStatic)
+			}
 			cmd := exec.Command(farmemBin(t), c.args...)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
@@ -580,11 +603,11 @@ func TestBadInput(t *testing.T) {
 			if ee, ok := err.(*exec.ExitError); ok {
 				code = ee.ExitCode()
 			}
-			if code != 2 {
-				t.Errorf("exit status %d, want 2 (stderr %q)", code, stderr.String())
+			if code != c.code {
+				t.Errorf("exit status %d, want %d (stderr %q)", code, c.code, stderr.String())
 			}
-			if !strings.Contains(stderr.String(), c.want) {
-				t.Errorf("stderr %q does not say %q", stderr.String(), c.want)
+			if !strings.HasPrefix(stderr.String(), "farmem: ") || !strings.Contains(stderr.String(), c.want) {
+				t.Errorf("stderr %q does not say farmem: ...%q", stderr.String(), c.want)
 			}
 			if n := strings.Count(strings.TrimSpace(stderr.String()), "\n"); n != 0 {
 				t.Errorf("want one line, got %d:\n%s", n+1, stderr.String())
@@ -596,13 +619,20 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// The program's exit status is farmem's.
+// The program's exit status is farmem's, whatever it is: a program exiting 2 (or 125, 126,
+// 127) makes farmem exit the same, and a program killed by signal N makes it exit 128+N.
 func TestExitStatus(t *testing.T) {
 	for _, c := range []struct {
 		sh   string
 		want int
-	}{{"exit 0", 0}, {"exit 7", 7}, {"kill -TERM $$", 128 + 15}} {
-		err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "32MiB", "--", "/bin/sh", "-c", c.sh).Run()
+	}{
+		{"exit 0", 0}, {"exit 1", 1}, {"exit 2", 2}, {"exit 7", 7}, {"exit 125", 125}, {"exit 126", 126}, {"exit 127", 127}, {"exit 255", 255},
+		{"kill -TERM $$", 128 + 15}, {"kill -KILL $$", 128 + 9},
+	} {
+		var stderr bytes.Buffer
+		cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "32MiB", "--", "/bin/sh", "-c", c.sh)
+		cmd.Stderr = &stderr
+		err := cmd.Run()
 		code := 0
 		if ee, ok := err.(*exec.ExitError); ok {
 			code = ee.ExitCode()
@@ -611,6 +641,9 @@ func TestExitStatus(t *testing.T) {
 		}
 		if code != c.want {
 			t.Errorf("sh -c %q: farmem exited %d, want %d", c.sh, code, c.want)
+		}
+		if stderr.Len() != 0 {
+			t.Errorf("sh -c %q: farmem said %q: the program's status is no failure of farmem's", c.sh, stderr.String())
 		}
 	}
 }

@@ -208,8 +208,8 @@ func TestMemserverOTLPBadInput(t *testing.T) {
 		if ee, ok := err.(*exec.ExitError); ok {
 			code = ee.ExitCode()
 		}
-		if code != 2 || !strings.Contains(string(out), c.want) {
-			t.Errorf("farmem %s: exit %d, output %q; want exit 2 and %q", strings.Join(args, " "), code, out, c.want)
+		if code != 125 || !strings.Contains(string(out), c.want) {
+			t.Errorf("farmem %s: exit %d, output %q; want exit 125 and %q", strings.Join(args, " "), code, out, c.want)
 		}
 	}
 }

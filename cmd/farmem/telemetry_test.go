@@ -503,7 +503,7 @@ func TestMetricsAddrScrape(t *testing.T) {
 	}
 }
 
-// Bad telemetry input is a one-line usage error (status 2, nothing started); an endpoint that
+// Bad telemetry input is a one-line usage error (status 125, nothing started); an endpoint that
 // does not answer is warned about once and the program runs to the end.
 func TestTelemetryBadInput(t *testing.T) {
 	micro := filepath.Join(binDir, "micro")
@@ -527,8 +527,8 @@ func TestTelemetryBadInput(t *testing.T) {
 		cmd.Env = append(cleanEnv(), c.env...)
 		out, err := cmd.CombinedOutput()
 		ee, ok := err.(*exec.ExitError)
-		if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), c.want) || strings.Contains(string(out), "micro:") {
-			t.Errorf("%v %v: exit %v, output %q; want status 2 and %q, program not started", c.args, c.env, err, out, c.want)
+		if !ok || ee.ExitCode() != 125 || !strings.Contains(string(out), c.want) || strings.Contains(string(out), "micro:") {
+			t.Errorf("%v %v: exit %v, output %q; want status 125 and %q, program not started", c.args, c.env, err, out, c.want)
 		}
 	}
 	// A port already taken for --metrics-addr fails before the program starts.
@@ -538,7 +538,7 @@ func TestTelemetryBadInput(t *testing.T) {
 	}
 	defer ln.Close()
 	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--metrics-addr", ln.Addr().String(), "--", micro, "--mib", "1").CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--metrics-addr "+ln.Addr().String()) {
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 125 || !strings.Contains(string(out), "--metrics-addr "+ln.Addr().String()) {
 		t.Errorf("--metrics-addr on a taken port: %v %q", err, out)
 	}
 	// Nothing listens on the endpoint: the run completes and says so once.

@@ -15,7 +15,7 @@ import (
 	"github.com/farmem/farmem/fabric"
 )
 
-// Bad --transport/--shm input: each gets its message, exit 2, nothing started.
+// Bad --transport/--shm input: each gets its message, exit 125, nothing started.
 func TestTransportBadInput(t *testing.T) {
 	dir := t.TempDir()
 	tok := writeToken(t, dir, "the-right-cluster-token-0123456789")
@@ -42,8 +42,8 @@ func TestTransportBadInput(t *testing.T) {
 		if ee, ok := err.(*exec.ExitError); ok {
 			code = ee.ExitCode()
 		}
-		if code != 2 || !strings.Contains(string(out), c.want) {
-			t.Errorf("farmem %s: exit %d, output %q; want exit 2 and %q", strings.Join(c.args, " "), code, out, c.want)
+		if code != 125 || !strings.Contains(string(out), c.want) {
+			t.Errorf("farmem %s: exit %d, output %q; want exit 125 and %q", strings.Join(c.args, " "), code, out, c.want)
 		}
 	}
 }
