@@ -12,7 +12,14 @@ shim: $(SHIM)
 $(SHIM): launcher/shim/shim.c
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
 
-workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive
+workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive bin/floorpager
+# The floor of paging: a minimal C userfaultfd pager and its preload shim (workloads/floor).
+bin/floorpager: workloads/floor/floorpager.c workloads/floor/floor.h bin/floorshim.so
+	@mkdir -p bin
+	$(CC) -O2 -Wall -Wextra -pthread -o $@ workloads/floor/floorpager.c
+bin/floorshim.so: workloads/floor/floorshim.c workloads/floor/floor.h
+	@mkdir -p bin
+	$(CC) -O2 -fPIC -shared -Wall -Wextra -pthread -o $@ workloads/floor/floorshim.c
 bin/torture: workloads/torture/torture.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -pthread -o $@ $<
