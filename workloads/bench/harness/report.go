@@ -246,7 +246,17 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		return config{kind: kind, prefetch: pf, swap: sw, pct: pct}
 	}
 	p("\n## Headline: throughput x native (medians)\n\n")
-	p("| workload | cap | cap MiB | farmem | farmem-none | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |\n|---|---|---|---|---|---|---|---|---|\n")
+	// The floor's columns only in a run that has it (an older run's re-render stays as it was).
+	withFloor := slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" })
+	p("| workload | cap | cap MiB | farmem | farmem-none | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |")
+	if withFloor {
+		p(" floor | farmem / floor |")
+	}
+	p("\n|---|---|---|---|---|---|---|---|---|")
+	if withFloor {
+		p("---|---|")
+	}
+	p("\n")
 	for _, w := range wls {
 		n := nat[w.name]
 		for _, pct := range pcts {
@@ -275,11 +285,26 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				}
 				return versus(a, s)
 			}
-			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |\n", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "none", "", pct)),
+			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "none", "", pct)),
 				cell(find("swap", "", "zram", pct)), cell(find("swap", "", "file", pct)), vs("zram"), vs("file"))
+			if withFloor {
+				fl := config{kind: "floor", pct: pct}
+				vf := "-"
+				a, ok := summarize(rs, w.name, find("farmem", "", "", pct))
+				f, ok2 := summarize(rs, w.name, fl)
+				if ok && ok2 {
+					vf = versus(a, f)
+				}
+				p(" %s | %s |", cell(fl), vf)
+			}
+			p("\n")
 		}
 	}
-	p("\nfarmem / swap: farmem's (default prefetcher) throughput over swap's at the same cap.\n")
+	p("\nfarmem / swap: farmem's (default prefetcher) throughput over swap's at the same cap.")
+	if withFloor {
+		p(" floor: bin/floorpager, a minimal userfaultfd pager, at the same cap (micro only; see \"The floor\" below); farmem / floor: farmem's throughput over the floor's.")
+	}
+	p("\n")
 	h.targets(p, wls, rs, nat)
 	for _, w := range wls {
 		p("\n![%s](swap-%s.png)\n", w.title, w.name)
@@ -367,6 +392,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		p("\n%d farmem runs wrote no latency histograms (stopped at their time limit, so killed before farmem's exit; or see the progress log) and are not in the CDFs.\n", n)
 	}
 	p("\nswap.csv's columns after `oom_killed` are each farmem run's histograms summarized: per source (zero, backend, wp, cache) and for the eviction batches (`lat_eviction_batch_*`: the time to write one batch of evicted pages out), the count and p50/p99/p99.9 in µs; empty for native and swap runs.\n")
+	h.floorSection(p, wls, pcts, rs, nat)
 	p("\nEvery run is in [swap.csv](swap.csv).\n")
 	if err := os.WriteFile(filepath.Join(out, "swap.md"), []byte(b.String()), 0o644); err != nil {
 		return err
@@ -406,12 +432,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed", "peak_source"}, latCSVHeader()...))
+	w.Write(append(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed", "peak_source"}, latCSVHeader()...), floorCSVHeader()...))
 	for _, r := range rs {
 		w.Write(append([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
 			fmt.Sprintf("%.3f", r.wall), csvTput(r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
-			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom), peakSource(r)}, latCSV(r)...))
+			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom), peakSource(r)}, append(latCSV(r), floorCSV(r)...)...))
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
