@@ -305,7 +305,7 @@ func (h *harness) floorSection(p func(string, ...any), wls []workload, pcts []in
 func floorCSVHeader() []string {
 	r := []string{"user_s", "sys_s", "vm_pgmajfault", "farmem_batches", "farmem_batch_pages"}
 	for _, n := range stageNames {
-		r = append(r, "farmem_stage_"+strings.ReplaceAll(n, " ", "_")+"_ns")
+		r = append(r, stageColumn(n))
 	}
 	for _, k := range floorKeys {
 		r = append(r, "floor_"+k)
@@ -355,7 +355,7 @@ func readFloorCSV(r *result, col map[string]int, row []string) error {
 	r.userS, r.sysS, r.vmMajflt = f("user_s"), f("sys_s"), uint64(f("vm_pgmajfault"))
 	r.stages.batches, r.stages.pages = f("farmem_batches"), f("farmem_batch_pages")
 	for i, n := range stageNames {
-		r.stages.stage[i] = f("farmem_stage_" + strings.ReplaceAll(n, " ", "_") + "_ns")
+		r.stages.stage[i] = f(stageColumn(n))
 	}
 	for _, k := range floorKeys {
 		v, ok, err := get("floor_" + k)
@@ -368,4 +368,9 @@ func readFloorCSV(r *result, col map[string]int, row []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// stageColumn is the CSV column of one of farmem's stages: farmem_stage_write_protect_ns.
+func stageColumn(name string) string {
+	return "farmem_stage_" + strings.NewReplacer(" ", "_", "-", "_").Replace(name) + "_ns"
 }
