@@ -2,7 +2,9 @@
 // 100/75/50/25 % of its measured native peak (the embedded backend, with the default prefetcher,
 // leap, and with --prefetch none), and under Linux swap at the same caps (a cgroup v1 memory limit, swapping to
 // zram and to a swap file on disk, set up and torn down by workloads/swap/linux-swap.sh), in
-// rounds interleaved so that machine drift hits every configuration alike. Every run's data is
+// rounds interleaved so that machine drift hits every configuration alike. The micro workloads
+// also run under bin/floorpager (configuration floor: a minimal userfaultfd pager, the floor
+// farmem's throughput and eviction stages are set against; workloads/floor). Every run's data is
 // verified (micro checks every page, redisdrive every value, pagerank's checksum must equal the
 // native run's). It writes a markdown report, a CSV of every run and PNG plots.
 //
@@ -142,7 +144,7 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf and numpy-matmul are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads only)")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads only)")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
 	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
