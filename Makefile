@@ -15,7 +15,14 @@ shim: $(SHIM)
 $(SHIM): launcher/shim/shim.c
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
 
-workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive
+workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive bin/floorpager
+# The floor of paging: a minimal C userfaultfd pager and its preload shim (workloads/floor).
+bin/floorpager: workloads/floor/floorpager.c workloads/floor/floor.h bin/floorshim.so
+	@mkdir -p bin
+	$(CC) -O2 -Wall -Wextra -pthread -o $@ workloads/floor/floorpager.c
+bin/floorshim.so: workloads/floor/floorshim.c workloads/floor/floor.h
+	@mkdir -p bin
+	$(CC) -O2 -fPIC -shared -Wall -Wextra -pthread -o $@ workloads/floor/floorshim.c
 bin/torture: workloads/torture/torture.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -pthread -o $@ $<
@@ -62,13 +69,19 @@ bench-smoke: build bin/bench-fabric
 
 # farmem against Linux swap (issue 6): each workload natively, under farmem at 100/75/50/25 % of
 # its native peak (default prefetcher, leap, and --prefetch none) and in a memory cgroup with that limit swapping to
-# zram and to a swap file, ROUNDS (3) rounds interleaved, every run verified (about 25 minutes,
+# zram and to a swap file, the micro walks also under bin/floorpager (the floor of paging), ROUNDS (3) rounds interleaved, every run verified (about 25 minutes,
 # as root): results/swap.md, swap.csv, swap-*.png. farmem-bench -h for its flags (FLAGS=...).
 # The harness is a Go module of its own (workloads/bench/harness), so that the plotting
 # library's dependencies stay out of farmem's go.mod.
 .PHONY: bench-swap bench-swap-smoke bin/farmem-bench
 bench-swap: build bin/farmem-bench
 	bin/farmem-bench $(FLAGS)
+	@$(MAKE) --no-print-directory swap-check
+# The floor of paging beside farmem and zram, on the micro walks only (results/floor/swap.md,
+# its section "The floor"); bench-swap runs the floor configuration too.
+.PHONY: bench-floor
+bench-floor: build bin/farmem-bench
+	bin/farmem-bench -workloads micro-random,micro-seq -configs floor,farmem,farmem-none,swap-zram -nopaging 0 -out results/floor $(FLAGS)
 	@$(MAKE) --no-print-directory swap-check
 # The CI-sized swap run: one round, 32 MiB micro random and a small redis, one cap, zram only
 # (under a minute on an idle machine). It fails if the swap setup fails, and checks nothing was left on.

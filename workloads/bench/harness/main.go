@@ -2,7 +2,9 @@
 // 100/75/50/25 % of its measured native peak (the embedded backend, with the default prefetcher,
 // leap, and with --prefetch none), and under Linux swap at the same caps (a cgroup v1 memory limit, swapping to
 // zram and to a swap file on disk, set up and torn down by workloads/swap/linux-swap.sh), in
-// rounds interleaved so that machine drift hits every configuration alike. Every run's data is
+// rounds interleaved so that machine drift hits every configuration alike. The micro workloads
+// also run under bin/floorpager (configuration floor: a minimal userfaultfd pager, the floor
+// farmem's throughput and eviction stages are set against; workloads/floor). Every run's data is
 // verified (micro checks every page, redisdrive every value, pagerank's checksum must equal the
 // native run's). It writes a markdown report, a CSV of every run and PNG plots.
 //
@@ -47,7 +49,7 @@ type workload struct {
 
 // A config is one way of running a workload at one cap.
 type config struct {
-	kind     string // native, farmem, swap
+	kind     string // native, farmem, swap, floor
 	prefetch string // farmem: the --prefetch value ("" = farmem's default)
 	remote   string // farmem: "" (the embedded store), or tcp or shm (a memory server on this host)
 	swap     string // swap: zram or file
@@ -67,6 +69,8 @@ func (c config) name() string {
 			n += "-" + c.prefetch
 		}
 		return n
+	case "floor":
+		return "floor"
 	}
 	return "swap-" + c.swap
 }
@@ -95,6 +99,11 @@ type result struct {
 	// farmem: its --latency-out histograms by source (zero, backend, wp, cache) and of its
 	// eviction batches; nil when it wrote none (a run stopped at its limit; native and swap runs).
 	lat map[string]hist
+	// userS, sysS: the run's CPU time, every process of it (wait4's rusage; batch workloads only).
+	userS, sysS float64
+	vmMajflt    uint64             // the pgmajfault delta of /proc/vmstat over the run (every process)
+	stages      farmemStages       // farmem: its eviction batches' mean stage times
+	floor       map[string]float64 // floor: floorpager's exit line (nil for other configurations)
 }
 
 // ref is what the workload's native reference run measured.
@@ -135,7 +144,7 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf and numpy-matmul are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads only)")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
 	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
@@ -268,6 +277,8 @@ func configs(names, caps []string) ([]config, []int, error) {
 				r = append(r, c)
 			case "swap-zram", "swap-file":
 				r = append(r, config{kind: "swap", swap: strings.TrimPrefix(n, "swap-"), pct: p})
+			case "floor":
+				r = append(r, config{kind: "floor", pct: p})
 			default:
 				return nil, nil, fmt.Errorf("unknown configuration %q", n)
 			}
@@ -314,6 +325,11 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 		return err
 	}
 	for _, c := range cfgs {
+		if c.kind == "floor" {
+			if _, err := os.Stat(floorBin); err != nil {
+				return fmt.Errorf("%s is missing: run make build from the repository root", floorBin)
+			}
+		}
 		if c.kind == "swap" {
 			h.swapUsed = true
 		}
@@ -344,7 +360,16 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 
 	// 2. Rounds, interleaved: every workload and configuration once per round.
 	var results []result
-	total := rounds * len(wls) * (1 + len(cfgs))
+	total := 0
+	for _, w := range wls {
+		for _, c := range cfgs {
+			if c.kind != "floor" || floorRuns(w) {
+				total++
+			}
+		}
+		total++ // native
+	}
+	total *= rounds
 	i := 0
 	for round := 1; round <= rounds; round++ {
 		if h.partial {
@@ -358,6 +383,9 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 	runs:
 		for _, w := range wls {
 			for _, c := range append([]config{{kind: "native"}}, cfgs...) {
+				if c.kind == "floor" && !floorRuns(w) {
+					continue // floorpager pages what the program maps itself: micro's walks
+				}
 				if h.budget > 0 && time.Since(start) > h.budget {
 					// A hard stop too: on a loaded machine one round can outlast the budget.
 					h.partial = true
@@ -501,6 +529,9 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 			return res, err
 		}
 		prefix = []string{swapScript, "exec", "run"}
+	case "floor":
+		res.capMiB = h.capMiB(w, c.pct)
+		prefix = []string{floorBin, "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--"}
 	}
 	warm(h.refs[w.name].peakMiB)
 	vm0 := vmstat()
@@ -528,6 +559,8 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		return res, err
 	}
 	res.wall, res.tput, res.p50, res.p99, res.timeout = r.wall, r.tput, r.p50, r.p99, r.timeout
+	res.userS, res.sysS = r.userS, r.sysS
+	res.vmMajflt = vm1["pgmajfault"] - vm0["pgmajfault"]
 	if res.oom {
 		res.tput, res.timeout = 0, true // stopped (the CSV's 0 is no throughput: summarize skips it)
 		return res, nil
@@ -540,7 +573,16 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		os.WriteFile(path, []byte(out), 0o644)
 		return res, fmt.Errorf("%w (output in %s)", err, path)
 	}
+	if c.kind == "floor" {
+		res.floor = parseFloor(out)
+		if res.floor == nil {
+			return res, fmt.Errorf("floorpager printed no summary line:\n%s", tail(out, 10))
+		}
+		res.faults = uint64(res.floor["refaults"])
+		res.inB, res.outB = res.faults*4096, uint64(res.floor["evicted"])*4096
+	}
 	if c.kind == "farmem" {
+		res.stages, _ = parseStages(out)
 		if m := regexp.MustCompile(`faults: zero-fill \d+ \(\d+ pages\), backend (\d+);`).FindStringSubmatch(out); m != nil {
 			res.faults, _ = strconv.ParseUint(m[1], 10, 64)
 			res.inB = res.faults * 4096
@@ -637,6 +679,10 @@ func (h *harness) exec(w workload, prefix []string, limit time.Duration) (result
 	var hwm int64
 	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
 		hwm = ru.Maxrss << 10
+		// The process and the children it waited for: farmem's program, the floor's, a
+		// swap run's shell exec'ed into the program.
+		res.userS = float64(ru.Utime.Nano()) / 1e9
+		res.sysS = float64(ru.Stime.Nano()) / 1e9
 	}
 	// micro: pages over the passes' time; pagerank: edges over the iterations' time.
 	var work, secs float64
@@ -841,7 +887,7 @@ func vmstat() map[string]uint64 {
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		k, v, _ := strings.Cut(s.Text(), " ")
-		if k == "pswpin" || k == "pswpout" {
+		if k == "pswpin" || k == "pswpout" || k == "pgmajfault" {
 			m[k], _ = strconv.ParseUint(v, 10, 64)
 		}
 	}

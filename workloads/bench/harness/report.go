@@ -215,6 +215,9 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("- **native**: the program alone, no cap.\n")
 	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (leap in map mode, up to 32 pages, since commit 0645641; none before); **farmem-none** adds `--prefetch none`: no prefetching, the comparison that says what the prefetcher is worth (`-configs` also takes farmem-leap, -readahead, -stride, -nextn). **farmem-tcp / farmem-shm** (when asked for with `-configs`; not in the default run, for time): `farmem run --ctrl` with a ctrl and one memory server on this host, over tcp loopback or shared memory.\n")
 	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
+	if slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" }) {
+		p("- **floor**: `bin/floorpager --local-mem CAP`, a minimal userfaultfd pager in C built the way farmem pages, with no prefetch and FIFO victims (micro workloads only; see \"The floor\" below and [workloads/floor](../workloads/floor/README.md)).\n")
+	}
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus the kernel memory the native run's cgroup was charged (`memory.kmem.max_usage_in_bytes`: page tables, slab), the *overhead* column below; page cache gets nothing extra, as the cgroup reclaims it before it swaps anything (a server's binary and libraries were cached and charged before its cgroup existed and are not charged to it). Both therefore hold about CAP of anonymous memory; file-backed pages are outside both caps. At 100 %% both hold the whole native footprint.\n")
 	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
 	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) (*timed out*); a swap run whose program the cgroup's OOM killer ended (Linux could not hold it at that limit even with swap) is *OOM-killed*. Neither has a throughput: each median is over the runs that finished, and the runs stopped are counted beside it (\"0.96 (1 of 3 OOM-killed)\"), never entered as a zero. A ratio or target whose either side finished in fewer than most of its rounds is *not comparable*.\n")
@@ -246,7 +249,17 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		return config{kind: kind, prefetch: pf, swap: sw, pct: pct}
 	}
 	p("\n## Headline: throughput x native (medians)\n\n")
-	p("| workload | cap | cap MiB | farmem | farmem-none | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |\n|---|---|---|---|---|---|---|---|---|\n")
+	// The floor's columns only in a run that has it (an older run's re-render stays as it was).
+	withFloor := slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" })
+	p("| workload | cap | cap MiB | farmem | farmem-none | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |")
+	if withFloor {
+		p(" floor | farmem / floor |")
+	}
+	p("\n|---|---|---|---|---|---|---|---|---|")
+	if withFloor {
+		p("---|---|")
+	}
+	p("\n")
 	for _, w := range wls {
 		n := nat[w.name]
 		for _, pct := range pcts {
@@ -275,11 +288,26 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 				}
 				return versus(a, s)
 			}
-			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |\n", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "none", "", pct)),
+			p("| %s | %d %% | %d | %s | %s | %s | %s | %s | %s |", w.title, pct, h.capMiB(w, pct), cell(find("farmem", "", "", pct)), cell(find("farmem", "none", "", pct)),
 				cell(find("swap", "", "zram", pct)), cell(find("swap", "", "file", pct)), vs("zram"), vs("file"))
+			if withFloor {
+				fl := config{kind: "floor", pct: pct}
+				vf := "-"
+				a, ok := summarize(rs, w.name, find("farmem", "", "", pct))
+				f, ok2 := summarize(rs, w.name, fl)
+				if ok && ok2 {
+					vf = versus(a, f)
+				}
+				p(" %s | %s |", cell(fl), vf)
+			}
+			p("\n")
 		}
 	}
-	p("\nfarmem / swap: farmem's (default prefetcher) throughput over swap's at the same cap.\n")
+	p("\nfarmem / swap: farmem's (default prefetcher) throughput over swap's at the same cap.")
+	if withFloor {
+		p(" floor: bin/floorpager, a minimal userfaultfd pager, at the same cap (micro only; see \"The floor\" below); farmem / floor: farmem's throughput over the floor's.")
+	}
+	p("\n")
 	h.targets(p, wls, rs, nat)
 	for _, w := range wls {
 		p("\n![%s](swap-%s.png)\n", w.title, w.name)
@@ -367,6 +395,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 		p("\n%d farmem runs wrote no latency histograms (stopped at their time limit, so killed before farmem's exit; or see the progress log) and are not in the CDFs.\n", n)
 	}
 	p("\nswap.csv's columns after `oom_killed` are each farmem run's histograms summarized: per source (zero, backend, wp, cache) and for the eviction batches (`lat_eviction_batch_*`: the time to write one batch of evicted pages out), the count and p50/p99/p99.9 in µs; empty for native and swap runs.\n")
+	h.floorSection(p, wls, pcts, rs, nat)
 	p("\nEvery run is in [swap.csv](swap.csv).\n")
 	if err := os.WriteFile(filepath.Join(out, "swap.md"), []byte(b.String()), 0o644); err != nil {
 		return err
@@ -406,12 +435,12 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed", "peak_source"}, latCSVHeader()...))
+	w.Write(append(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed", "peak_source"}, latCSVHeader()...), floorCSVHeader()...))
 	for _, r := range rs {
 		w.Write(append([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
 			fmt.Sprintf("%.3f", r.wall), csvTput(r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
-			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom), peakSource(r)}, latCSV(r)...))
+			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom), peakSource(r)}, append(latCSV(r), floorCSV(r)...)...))
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// A line as floorpager prints it at exit.
+const floorLine = "floorpager: cap_pages=4096 first_touch=16384 refaults=31632 evicted=44032 batches=172 discarded=0 wakes=0 pages_per_batch=256.0 runs_per_batch=161.1 secs=0.510 pages_per_sec=86190 bound_pages_per_sec=207940 wake_ns=5731 fault_ns=2363 fault_p50_ns=2163 install_ns=2322 first_fault_ns=1789 first_install_ns=1753 evict_ns_page=2446 move_ns_page=929 move_ns_batch=237728 move_agent_ns_page=865 readv_ns_page=777 readv_ns_batch=198805 store_ns_page=453 store_ns_batch=116003 drop_ns_page=283 drop_ns_batch=72512 drop_agent_ns_batch=57628 flush_est_ns=0"
+
+func TestParseFloor(t *testing.T) {
+	out := "micro: pass1 pages=16384 secs=0.183 pages_per_sec=89413\nmicro: OK bad=0\n" + floorLine + "\n"
+	m := parseFloor(out)
+	if m == nil {
+		t.Fatal("no line found")
+	}
+	for k, want := range map[string]float64{"cap_pages": 4096, "refaults": 31632, "evicted": 44032, "pages_per_batch": 256, "secs": 0.51,
+		"fault_p50_ns": 2163, "wake_ns": 5731, "move_ns_page": 929, "drop_agent_ns_batch": 57628, "flush_est_ns": 0} {
+		if got, ok := m[k]; !ok || got != want {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+	for _, k := range floorKeys {
+		if _, ok := m[k]; !ok {
+			t.Errorf("the CSV's key %s is not on floorpager's line", k)
+		}
+	}
+	if parseFloor("micro: OK bad=0\nfloorpager: the program forked: not supported\n") != nil {
+		t.Error("an error line parsed as a summary")
+	}
+}
+
+// farmem's summary line, as launcher.printSummary writes it.
+const farmemSummary = "farmem: fault service; zero 16384 p50 3.2µs p99 10µs p99.9 20µs; backend 31000 p50 12.5µs p99 40µs p99.9 100µs; " +
+	"eviction batches 172 (128.0 pages in 61.1 runs each, 100% of pages moved out, 0.0 REMOVEs each) p50 600µs p99 1.2ms, " +
+	"mean move 256µs write-protect 0s copy out 1.28ms store 64µs drop 32µs wake 0s; 2 batches given up (victims unmapped or moved meanwhile)\n"
+
+func TestParseStages(t *testing.T) {
+	s, ok := parseStages("farmem: cap 16 MiB\n" + farmemSummary)
+	if !ok {
+		t.Fatal("not parsed")
+	}
+	if s.batches != 172 || s.pages != 128 {
+		t.Errorf("batches %v pages %v", s.batches, s.pages)
+	}
+	want := [len(stageNames)]float64{256e3, 0, 1280e3, 64e3, 32e3, 0}
+	if s.stage != want {
+		t.Errorf("stages %v, want %v", s.stage, want)
+	}
+	if got := s.perPage(2); got != 10e3 {
+		t.Errorf("copy out per page %v ns, want 10000", got)
+	}
+	// The line's end right after the last stage.
+	if s2, ok := parseStages(strings.TrimSuffix(farmemSummary, "; 2 batches given up (victims unmapped or moved meanwhile)\n")); !ok || s2 != s {
+		t.Errorf("at the end of the output: %v %+v", ok, s2)
+	}
+	if _, ok := parseStages("farmem: fault service; zero 3 p50 1µs p99 1µs p99.9 1µs\n"); ok {
+		t.Error("a run with no batches parsed")
+	}
+}
+
+// The floor section's arithmetic: multiples of the floor, per-page stages, per-page costs.
+func TestFloorSection(t *testing.T) {
+	w := workload{name: "micro-random", title: "micro random", metric: "pages/s (2 passes)",
+		args: []string{"bin/micro", "--mib", "64", "--passes", "2", "--pattern", "random"}}
+	if got := microWork(w); got != 64*256*2 {
+		t.Fatalf("microWork %v", got)
+	}
+	fl, fm, zr := config{kind: "floor", pct: 25}, config{kind: "farmem", pct: 25}, config{kind: "swap", swap: "zram", pct: 25}
+	nat := result{wl: w.name, cfg: config{kind: "native"}, round: 1, tput: 1e6, wall: 1}
+	floor := result{wl: w.name, cfg: fl, round: 1, capMiB: 16, tput: 80000, wall: 1, inB: 32768 * 4096, outB: 40000 * 4096, sysS: 0.5, userS: 0.1,
+		floor: map[string]float64{"pages_per_sec": 86000, "fault_p50_ns": 2000, "wake_ns": 6000, "install_ns": 2300, "move_ns_page": 1000,
+			"readv_ns_page": 800, "store_ns_page": 400, "drop_ns_page": 300, "evict_ns_page": 2500}}
+	farmem := result{wl: w.name, cfg: fm, round: 1, capMiB: 16, tput: 20000, wall: 3, inB: 32768 * 4096, outB: 40000 * 4096, fsP50: 24, sysS: 1.5, userS: 1,
+		stages: farmemStages{batches: 100, pages: 200, stage: [len(stageNames)]float64{400e3, 0, 320e3, 160e3, 120e3, 0}}}
+	zram := result{wl: w.name, cfg: zr, round: 1, capMiB: 16, limitB: 17 << 20, tput: 40000, wall: 2, inB: 30000 * 4096, outB: 35000 * 4096, faults: 29000, sysS: 1.3, userS: 0.2}
+	rs := []result{nat, floor, farmem, zram}
+	natStat := map[string]stat{}
+	natStat[w.name], _ = summarize(rs, w.name, config{kind: "native"})
+	h := &harness{refs: map[string]*ref{w.name: {peakMiB: 64}}}
+	var b strings.Builder
+	h.floorSection(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, []workload{w}, []int{25}, rs, natStat)
+	out := b.String()
+	for _, want := range []string{
+		"| micro random | 25 % | 80000 | 20000 | 0.25 | 86000 | - |",
+		// 24 µs against 2 + 6 µs
+		"| micro random | 25 % | fault round trip, p50: read to the install's return, the wake included | 8.00 | 24.0 | 3.0x |",
+		// farmem's stage per page: 400 µs a batch of 200 pages = 2 µs, against 1 µs
+		"| micro random | 25 % | move (the agent's UFFDIO_MOVE, request to reply) | 1.00 | 2.00 | 2.0x |",
+		"| micro random | 25 % | copy out (process_vm_readv) | 0.80 | 1.60 | 2.0x |",
+		"| micro random | 25 % | store | 0.40 | 0.80 | 2.0x |",
+		"| micro random | 25 % | drop (the agent's madvise of the staging area) | 0.30 | 0.60 | 2.0x |",
+		"| micro random | 25 % | eviction, the whole batch | 2.50 | 5.00 | 2.0x |",
+		"| micro random | 25 % | install (UFFDIO_COPY of a page read back) | 2.30 | - | - |",
+		// (32768/80000 - 32768/1e6) s / 32768 pages = 11.5 µs; 0.5 s / 72768 pages = 6.87 µs
+		"| micro random | 25 % | floor | 32768 | 40000 | - | 11.5 | 6.87 | 8.25 |",
+		"| micro random | 25 % | farmem | 32768 | 40000 | - | 49.0 | 20.6 | 34.4 |",
+		// zram: (32768/40000 - 32768/1e6)/30000 = 26.2 µs; 1.3 s / 65000 = 20 µs
+		"| micro random | 25 % | swap-zram | 30000 | 35000 | 29000 | 26.2 | 20.0 | 23.1 |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in:\n%s", want, out)
+		}
+	}
+	// No floor run: no section.
+	b.Reset()
+	h.floorSection(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, []workload{w}, []int{25}, []result{nat, farmem}, natStat)
+	if b.Len() != 0 {
+		t.Errorf("a section without floor runs:\n%s", b.String())
+	}
+	if !math.IsNaN(slowdownPerPageIn(100, 200, 10, 0)) {
+		t.Error("slowdown with no page in")
+	}
+}
+
+// The CSV keeps the floor's line, farmem's stages and the CPU times, and -render reads them back.
+func TestFloorCSVRoundTrip(t *testing.T) {
+	rs := []result{
+		{wl: "micro-random", cfg: config{kind: "floor", pct: 25}, round: 1, capMiB: 16, wall: 1.5, tput: 8e4, faults: 31632, inB: 31632 * 4096, outB: 44032 * 4096,
+			userS: 0.125, sysS: 0.75, vmMajflt: 3, floor: parseFloor(floorLine)},
+		{wl: "micro-random", cfg: config{kind: "farmem", pct: 25}, round: 1, capMiB: 16, wall: 3, tput: 2e4, userS: 1, sysS: 2},
+	}
+	rs[1].stages, _ = parseStages(farmemSummary)
+	for k := range rs[0].floor { // the CSV keeps floorKeys only
+		if !strings.Contains(strings.Join(floorKeys, " "), k) {
+			delete(rs[0].floor, k)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "swap.csv")
+	if err := writeCSV(path, rs); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := readResults(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, rs) {
+		t.Errorf("read back:\n%+v\nwant\n%+v", got, rs)
+	}
+}
+
+// floorpager pages micro (64 MiB at a 16 MiB cap) and every page verifies.
+func TestFloorPagerMicro(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (userfaultfd)")
+	}
+	root, _ := filepath.Abs("../../..")
+	pager, micro := filepath.Join(root, "bin/floorpager"), filepath.Join(root, "bin/micro")
+	for _, b := range []string{pager, micro, filepath.Join(root, "bin/floorshim.so")} {
+		if _, err := os.Stat(b); err != nil {
+			t.Skipf("%s not built (make build)", b)
+		}
+	}
+	out, err := exec.Command(pager, "--local-mem", "16MiB", "--", micro, "--mib", "64", "--pattern", "random", "--passes", "2").CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "micro: OK bad=0\n") {
+		t.Fatalf("micro did not verify:\n%s", out)
+	}
+	m := parseFloor(string(out))
+	if m == nil || m["refaults"] == 0 || m["evicted"] == 0 || m["cap_pages"] != 4096 {
+		t.Fatalf("no paging in the summary: %v\n%s", m, out)
+	}
+}
