@@ -42,7 +42,14 @@ bin/memcachedrive:
 	$(GO) build -o $@ ./workloads/bench/memcachedrive
 
 # The benchmark harness is a Go module of its own, which `./...` does not reach: its tests run too.
-test: build
+# The tests' programs and Jaeger are installed or built once (scripts/test-deps.sh), then reused.
+FARMEM_JAEGER ?= /var/cache/farmem-jaeger/jaeger-v1.76.0
+export FARMEM_JAEGER
+.PHONY: test-deps
+test-deps:
+	scripts/test-deps.sh
+
+test: build test-deps
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 45m ./...
 	cd workloads/bench/harness && $(GO) vet ./... && $(GO) test -count=1 ./...
