@@ -131,8 +131,17 @@ func Run(o Options) (int, error) {
 	// Pdeathsig fires when the *thread* that forked exits, so fork from a thread that lives
 	// as long as farmem: this goroutine keeps it locked and never unlocks.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	tty := foregroundTerminal()
+	if tty != nil {
+		defer tty.close()
+	}
+	tty.attr(cmd.SysProcAttr) // see terminal.go
 	started := make(chan error, 1)
-	waited := make(chan error, 1)
+	type result struct {
+		ws  unix.WaitStatus
+		err error
+	}
+	waited := make(chan result, 1)
 	go func() {
 		goruntime.LockOSThread()
 		// Born in a memory cgroup whose threshold says when to arm, the program costs the
@@ -145,7 +154,8 @@ func Run(o Options) (int, error) {
 			return
 		}
 		started <- nil
-		waited <- cmd.Wait()
+		ws, err := tty.wait(cmd.Process.Pid)
+		waited <- result{ws, err}
 		select {} // keep the locked thread (and so Pdeathsig) alive until farmem exits
 	}()
 	if err := <-started; err != nil {
@@ -155,16 +165,17 @@ func Run(o Options) (int, error) {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
-	var werr error
+	var end result
 wait:
 	for {
 		select {
 		case s := <-sigs:
 			cmd.Process.Signal(s)
-		case werr = <-waited:
+		case end = <-waited:
 			break wait
 		}
 	}
+	cmd.Process.Release() // reaped by tty.wait
 	// Fork children (redis's BGSAVE, daemons) still depend on us for their evicted pages.
 	for rt.Live() > 0 {
 		select {
@@ -173,7 +184,7 @@ wait:
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	status := exitStatus(cmd, werr)
+	status := exitStatus(end.ws, end.err)
 	if f := rt.Failure(); f != nil {
 		return status, fmt.Errorf("the program was stopped: %w", f)
 	}
@@ -212,15 +223,16 @@ func writeLatency(rt *runtime.Runtime, path string) error {
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
-func exitStatus(cmd *exec.Cmd, err error) int {
-	ps := cmd.ProcessState
-	if ps == nil {
+// exitStatus is the status farmem exits with for a program that ended as ws: its own, or 128+N
+// if signal N killed it.
+func exitStatus(ws unix.WaitStatus, err error) int {
+	switch {
+	case err != nil:
 		return 1
-	}
-	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+	case ws.Signaled():
 		return 128 + int(ws.Signal())
 	}
-	return ps.ExitCode()
+	return ws.ExitStatus()
 }
 
 func printSummary(rt *runtime.Runtime, o Options) {
