@@ -121,93 +121,83 @@ type Stats struct {
 	PeakStored, PeakStoredBytes atomic.Int64
 }
 
-// Evictor evicts pages when Resident exceeds the high watermark.
+// Config is what an Evictor is made with. It does not change once New has returned.
+type Config struct {
+	// CapPages is the cap, in pages, on everything counted against it (see Used).
+	CapPages int64
+	// Resident is the resident pages of all processes, as their page tables count them
+	// (pagetable.New's resident). Required.
+	Resident *atomic.Int64
+	// Backend stores the evicted pages. Required for Loop.
+	Backend backend.Backend
+	// Targets returns the processes eviction may take pages from, each time the evictor looks.
+	// It is called on the evictor goroutine. Required for Loop.
+	Targets func() []Target
+	// Trace, if not nil, is given every completed batch (package telemetry samples them). It
+	// runs on the evictor goroutine, after the batch's wake, and must not keep the record.
+	Trace func(*BatchRecord)
+}
+
+// Evictor keeps the pages counted against the cap (Used) under it. See the package doc for
+// who writes and who reads each field.
 type Evictor struct {
-	CapPages int64 // the cap, in pages
-	// MaxHead is the most room a round leaves below the cap (see New); head is the room kept
-	// now, which starts at minHead and grows to MaxHead as faults wait for room (Waited):
-	// eviction starts head/2 below the cap and a round stops head below it.
-	MaxHead  int64
-	head     atomic.Int64
-	waited   atomic.Bool   // a fault waited at the cap since the last round looked (Waited)
-	Resident *atomic.Int64 // resident pages of all processes, as the page tables count them
-	// Unmanaged is what the kernel counts as the processes' anonymous memory beyond Resident:
-	// mappings the rescan has not found yet (glibc's internal mmap/brk), small ones, batches in
-	// flight. Sampled every 2 ms by the runtime. It counts against the cap too, so the cap
-	// holds as the kernel measures it: the evictor takes tracked pages to make up for it.
-	Unmanaged atomic.Int64
+	cfg   Config
+	marks watermarks
+	kick  chan struct{} // capacity 1: a pending kick stands for any number
 	// tid is the thread Loop runs on (locked to it): its reads of a program's pages may fault
 	// on that program's uffd, and the fault thread must never hold those for room (Tid).
 	tid atomic.Int32
-	// Reserve is room kept free below the cap for memory the program takes without faulting
-	// (BurstReserve): it lowers both watermarks and Limit. Set by the runtime's poll.
-	Reserve atomic.Int64
-	// Trace, if set, is given every completed batch (package telemetry samples them). It runs on
-	// the evictor goroutine, after the batch's wake. Set it before Loop starts.
-	Trace func(*BatchRecord)
-	// Cached is the pages held in farmem's prefetch cache (cache mode): they count against the
-	// cap as the program's own do.
-	Cached  atomic.Int64
-	Targets func() []Target
-	Backend backend.Backend
-	Stats   Stats
-	Kick    chan struct{} // a fault thread signals pressure; capacity 1
 
-	buf     []byte
-	victims []uint64
-	ents    []*pagetable.Entry // the victims' entries, by pointer (see pagetable's doc)
-	status  []byte             // the agent's move status of each victim
-	rest    []uint64           // the victims the agent did not move
-	remote  []unix.RemoteIovec
-	slots   []backend.Slot
-	sums    []uint32 // the copied pages' CRC-32C
+	// Unmanaged is what the kernel counts as the processes' anonymous memory beyond Resident:
+	// mappings the runtime's rescan has not found yet (glibc's internal mmap/brk), small ones,
+	// batches in flight. It counts against the cap too, so the cap holds as the kernel
+	// measures it: the evictor takes tracked pages to make up for it. Written by the runtime's
+	// RSS poll, at each poll.
+	Unmanaged atomic.Int64
+	// Reserve is room kept free below the cap for memory the program takes without faulting
+	// (BurstReserve): it lowers both watermarks and Limit. Written by the runtime's RSS poll,
+	// at each poll.
+	Reserve atomic.Int64
+	// Cached is the pages held in farmem's prefetch cache (cache mode): they count against the
+	// cap as the program's own do. Written by the prefetch cache (fetcher.PrefetchCache.Held)
+	// as it fills and empties.
+	Cached atomic.Int64
+	// Stats counts what the evictor did. Written by the evictor goroutine; read by anyone.
+	Stats Stats
+
+	b batch // the batch's scratch: the evictor goroutine's alone
 }
 
-// castagnoli is CRC-32C's table: the checksum the CPU computes in hardware (~0.2 us a page here).
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// New sizes the watermarks for a cap. Eviction starts head/2 below the cap and a round stops
-// head below it: the room between the high watermark and the cap absorbs the faults that come
-// while a batch is in flight. What that room must hold is the fault rate times a batch's time
-// (10-30k faults a second and 4-7 ms here: 50-200 pages), which does not grow with the cap, so
-// the head grows to two batches at most (MaxHead; 1/16 of a small cap, at least 64 pages).
-//
-// It starts at minHead, not there. Every page of headroom is one that a program whose
-// footprint is just under its cap cannot keep, and a loop over such a footprint misses on
-// every page once any of it is evicted: pagerank's 64 MiB at a 65 MiB cap (its peak) faulted
-// 3.3k times and ran at half its speed with two batches of room, and did not page at all with
-// 64 pages. Only a program that pages steadily needs the room, and it shows it: its faults
-// wait at the cap. So each round that finds a fault waited since the last doubles the head,
-// up to MaxHead (micro's random walk ran 25 % slower with 64 pages of room for good).
-func New(capPages int64, resident *atomic.Int64, b backend.Backend, targets func() []Target) *Evictor {
-	maxHead := max(minHead, min(capPages/16, 2*BatchPages))
-	e := &Evictor{
-		CapPages: capPages, MaxHead: maxHead, Resident: resident,
-		Targets: targets, Backend: b, Kick: make(chan struct{}, 1),
-		buf: make([]byte, BatchPages*uffd.PageSize), slots: make([]backend.Slot, BatchPages), sums: make([]uint32, BatchPages),
-		status: make([]byte, BatchPages),
-	}
-	e.head.Store(minHead)
+// New returns an evictor for cfg. Its watermarks start with minHead pages of room below the
+// cap (see watermarks). Nothing runs until Loop.
+func New(cfg Config) *Evictor {
+	e := &Evictor{cfg: cfg, kick: make(chan struct{}, 1)}
+	e.marks.init(cfg.CapPages)
+	e.b.init()
 	return e
 }
 
-// minHead is the room a run starts with, in pages (see New).
-const minHead = 64
+// MaxHead is the most room a round of eviction leaves below the cap, in pages: where the head
+// stops growing (see watermarks).
+func (e *Evictor) MaxHead() int64 { return e.marks.maxHead }
+
+// Kick tells the evictor there is pressure: a fault thread, or the runtime's RSS poll, saw
+// Used above HighWater. It never blocks; kicks that come while one is pending are one.
+func (e *Evictor) Kick() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
 
 // Waited tells the evictor that a fault had to wait at the cap for room: the program pages
 // steadily, and the next round grows the head. Called by the fault path, lock-free.
-func (e *Evictor) Waited() { e.waited.Store(true) }
-
-// grow doubles the head, up to MaxHead, if a fault waited since the last call.
-func (e *Evictor) grow() {
-	if e.waited.Swap(false) {
-		e.head.Store(min(2*e.head.Load(), e.MaxHead))
-	}
-}
+func (e *Evictor) Waited() { e.marks.waited() }
 
 // Loop evicts until stop is closed. It sleeps until kicked (a fault thread or the runtime's
 // RSS poll sees pressure); only when a pass leaves it over High with nothing it could take
 // does it look again on its own, after retryAfter. A program below its cap costs it nothing.
+// Run it on one goroutine only: it owns the batch scratch.
 func (e *Evictor) Loop(stop <-chan struct{}) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -221,10 +211,10 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 		select {
 		case <-stop:
 			return
-		case <-e.Kick:
+		case <-e.kick:
 		case <-retry.C:
 		}
-		e.grow()
+		e.marks.grow()
 		for e.Used() > e.HighWater() {
 			t := e.largest()
 			if t == nil {
@@ -235,10 +225,10 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 			if err := e.evictBatch(t, want); err != nil {
 				t.Fail(err)
 			}
-			for _, w := range e.Targets() {
+			for _, w := range e.cfg.Targets() {
 				w.WakeIfWaiting()
 			}
-			e.grow()
+			e.marks.grow()
 			if e.Stats.Evicted() == before {
 				// Nothing could go (every victim pinned, unmapped meanwhile, or the excess is
 				// Unmanaged with nothing tracked left): look again later rather than spin.
@@ -255,22 +245,24 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 func (s *Stats) Evicted() int64 { return s.Written.Load() + s.Dropped.Load() + s.Zero.Load() }
 
 // Used is the pages counted against the cap.
-func (e *Evictor) Used() int64 { return e.Resident.Load() + e.Unmanaged.Load() + e.Cached.Load() }
+func (e *Evictor) Used() int64 {
+	return e.cfg.Resident.Load() + e.Unmanaged.Load() + e.Cached.Load()
+}
 
 // HighWater is where eviction starts: half the head below the cap, less the reserve.
-func (e *Evictor) HighWater() int64 { return e.CapPages - e.head.Load()/2 - e.Reserve.Load() }
+func (e *Evictor) HighWater() int64 { return e.marks.high(e.Reserve.Load()) }
 
 // LowWater is where a round of eviction stops: the head below the cap, less the reserve.
-func (e *Evictor) LowWater() int64 { return e.CapPages - e.head.Load() - e.Reserve.Load() }
+func (e *Evictor) LowWater() int64 { return e.marks.low(e.Reserve.Load()) }
 
 // Limit is what Used may reach before program faults wait for the evictor: the cap less the
 // reserve.
-func (e *Evictor) Limit() int64 { return e.CapPages - e.Reserve.Load() }
+func (e *Evictor) Limit() int64 { return e.marks.limit(e.Reserve.Load()) }
 
 func (e *Evictor) largest() Target {
 	var best Target
 	bestN := 0
-	for _, t := range e.Targets() {
+	for _, t := range e.cfg.Targets() {
 		if !t.CanEvict() {
 			continue
 		}
@@ -318,6 +310,9 @@ func (e *Evictor) Tid() int32 { return e.tid.Load() }
 // ErrGone is what Target.Drop returns when the process exited meanwhile.
 var ErrGone = errors.New("process gone")
 
+// castagnoli is CRC-32C's table: the checksum the CPU computes in hardware.
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 func (e *Evictor) evictBatch(t Target, want int) error {
 	if !t.Hold() {
 		return nil
@@ -331,38 +326,38 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	fd := t.UFFD()
 	base := t.Staging()
 	tb.Lock()
-	e.victims = tb.Victims(want, e.victims)
-	e.ents = e.ents[:0]
-	for i, p := range e.victims {
+	e.b.victims = tb.Victims(want, e.b.victims)
+	e.b.ents = e.b.ents[:0]
+	for i, p := range e.b.victims {
 		en := tb.Get(p)
-		e.ents = append(e.ents, en)
+		e.b.ents = append(e.b.ents, en)
 		if base != 0 {
 			tb.Stage(en, i)
 		}
 	}
 	tb.Unlock()
-	if len(e.victims) == 0 {
+	if len(e.b.victims) == 0 {
 		return nil
 	}
-	victimRuns := runs(e.victims, nil)
+	victimRuns := runs(e.b.victims, nil)
 	// Move out: the agent takes every victim it can out of the program into the staging area
 	// (victim i to staging page i). From there nothing can change it, so no write-protect is
 	// needed, and the batch's drop is one range, the staging area's, not one per run.
 	var staged []int      // victims in the staging area, in victim order
 	var stagedDirty []int // indices into staged of those to copy out: dirty, or no slot yet
 	moved := 0            // staging pages the move filled, discarded victims' included: what to drop
-	rest := e.victims
+	rest := e.b.victims
 	if base != 0 {
-		status := e.status[:len(e.victims)]
+		status := e.b.status[:len(e.b.victims)]
 		if err := t.Move(victimRuns, base, status); err != nil {
 			if errors.Is(err, ErrGone) {
 				return nil
 			}
 			return fmt.Errorf("evict: agent move: %w", err)
 		}
-		rest = e.rest[:0]
+		rest = e.b.rest[:0]
 		tb.Lock()
-		for i, en := range e.ents {
+		for i, en := range e.b.ents {
 			if status[i] == 0 {
 				moved = i + 1
 			}
@@ -384,11 +379,11 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 				e.Stats.Absent.Add(1)
 			default:
 				tb.Unstage(en) // still in the program: evicted below the other way, or requeued
-				rest = append(rest, e.victims[i])
+				rest = append(rest, e.b.victims[i])
 			}
 		}
 		tb.Unlock()
-		e.rest = rest
+		e.b.rest = rest
 	}
 	mark(&rec.Move)
 	// The victims left in the program (every one, without a staging area).
@@ -428,7 +423,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	// victims still in the program. Both are present and cannot change (a staging page is
 	// nobody's; a victim is write-protected), so reading them cannot fault and no write can
 	// slip in between the copy and the drop.
-	remote := e.remote[:0]
+	remote := e.b.remote[:0]
 	for _, k := range stagedDirty {
 		a := base + uint64(staged[k])*uffd.PageSize
 		if j := len(remote) - 1; j >= 0 && uint64(remote[j].Base)+uint64(remote[j].Len) == a {
@@ -441,10 +436,10 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	for _, r := range dirtyRuns {
 		remote = append(remote, unix.RemoteIovec{Base: uintptr(r.Addr), Len: int(r.Len)})
 	}
-	e.remote = remote
+	e.b.remote = remote
 	n := nStaged + len(dirty)
 	if n > 0 {
-		local := []unix.Iovec{{Base: &e.buf[0]}}
+		local := []unix.Iovec{{Base: &e.b.buf[0]}}
 		local[0].SetLen(n * uffd.PageSize)
 		got, err := unix.ProcessVMReadv(t.Pid(), local, remote, 0)
 		if errors.Is(err, unix.ESRCH) {
@@ -464,29 +459,29 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	mark(&rec.Copy)
 	// Checksum what was copied: the page table learns from it whether a page installed
 	// writable on a guess was written (pagetable's Copied).
-	sums := e.sums[:n]
+	sums := e.b.sums[:n]
 	for i := range sums {
-		sums[i] = crc32.Checksum(e.buf[i*uffd.PageSize:(i+1)*uffd.PageSize], castagnoli)
+		sums[i] = crc32.Checksum(e.b.buf[i*uffd.PageSize:(i+1)*uffd.PageSize], castagnoli)
 	}
 	// Store the non-zero pages; an all-zero page needs no copy (slot 0).
-	slots := e.slots[:n]
+	slots := e.b.slots[:n]
 	var nz []int
 	for i := 0; i < n; i++ {
 		slots[i] = 0
-		if !isZero(e.buf[i*uffd.PageSize : (i+1)*uffd.PageSize]) {
+		if !isZero(e.b.buf[i*uffd.PageSize : (i+1)*uffd.PageSize]) {
 			nz = append(nz, i)
 		}
 	}
 	if len(nz) > 0 {
-		packed := e.buf
+		packed := e.b.buf
 		if len(nz) != n {
 			packed = make([]byte, len(nz)*uffd.PageSize)
 			for j, i := range nz {
-				copy(packed[j*uffd.PageSize:], e.buf[i*uffd.PageSize:(i+1)*uffd.PageSize])
+				copy(packed[j*uffd.PageSize:], e.b.buf[i*uffd.PageSize:(i+1)*uffd.PageSize])
 			}
 		}
 		ns := make([]backend.Slot, len(nz))
-		if err := e.Backend.Store(packed[:len(nz)*uffd.PageSize], ns); err != nil {
+		if err := e.cfg.Backend.Store(packed[:len(nz)*uffd.PageSize], ns); err != nil {
 			return fmt.Errorf("evict: backend store: %w", err)
 		}
 		for j, i := range nz {
@@ -509,7 +504,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 	}
 	next := 0 // the next of stagedDirty, and its slot's index
 	for k, i := range staged {
-		en := e.ents[i]
+		en := e.b.ents[i]
 		slot := en.Slot // clean
 		if next < nStaged && stagedDirty[next] == k {
 			slot = slots[next]
@@ -517,7 +512,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 			next++
 			if en.State != pagetable.Staged {
 				if slot != 0 {
-					e.Backend.Free(slot)
+					e.cfg.Backend.Free(slot)
 				}
 				continue
 			}
@@ -536,7 +531,7 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		en := tb.Get(p)
 		if en == nil || en.State != pagetable.Evicting {
 			if slot != 0 {
-				e.Backend.Free(slot)
+				e.cfg.Backend.Free(slot)
 			}
 			continue
 		}
@@ -596,9 +591,9 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		}
 	}
 	e.Stats.Batches.Add(1)
-	if n := int64(e.Backend.Stored()); n > e.Stats.PeakStored.Load() {
+	if n := int64(e.cfg.Backend.Stored()); n > e.Stats.PeakStored.Load() {
 		e.Stats.PeakStored.Store(n)
-		e.Stats.PeakStoredBytes.Store(e.Backend.StoredBytes())
+		e.Stats.PeakStoredBytes.Store(e.cfg.Backend.StoredBytes())
 	}
 	e.Stats.Runs.Add(int64(len(victimRuns)))
 	e.Stats.Staged.Add(int64(len(staged)))
@@ -610,10 +605,10 @@ func (e *Evictor) evictBatch(t Target, want int) error {
 		e.Stats.StageTime[i].Add(int64(end - prev))
 		prev = end
 	}
-	if e.Trace != nil {
+	if e.cfg.Trace != nil {
 		r := rec // only this copy escapes: a batch allocates nothing for tracing when off
-		r.Pid, r.Start, r.End, r.Victims, r.Runs, r.Staged = t.Pid(), start, d, len(e.victims), len(victimRuns), len(staged)
-		e.Trace(&r)
+		r.Pid, r.Start, r.End, r.Victims, r.Runs, r.Staged = t.Pid(), start, d, len(e.b.victims), len(victimRuns), len(staged)
+		e.cfg.Trace(&r)
 	}
 	return nil
 }
