@@ -69,7 +69,7 @@ func retryEAGAIN(f func() error) error {
 
 // abort gives up the drop way for a batch whose pages the program unmapped or moved (munmap,
 // mremap) between the choice and the copy: the victims still mapped go back to Resident (dirty
-// ones stay dirty, some are write-protected now, which a later write un-protects as for any
+// ones stay dirty; some are left write-protected, which a later write un-protects as for any
 // clean page), and writers waiting on the protection are woken to retry. The batch goes on
 // with its staged victims only.
 func (e *Evictor) abort(b *batch) {
@@ -133,8 +133,8 @@ func (b *batch) settle() {
 	b.tb.Unlock()
 }
 
-// wake wakes the writers that hit the write protection: their retry now faults as MISSING and
-// is served from the stored copy. (Faults on staged pages wait in the fault thread, which
+// wake wakes the writers that hit the write protection: their retry faults as MISSING, the page
+// being gone, and is served from the stored copy. (Faults on staged pages wait in the fault thread, which
 // retries them when Loop wakes it.)
 func (b *batch) wake() error {
 	for _, r := range b.dirtyRuns {

@@ -1,29 +1,3 @@
-// Package evictor keeps the resident pages of all of a run's processes under the cap.
-//
-// One evictor goroutine serves every process. A batch takes its victims out of the program
-// one of two ways. The first is tried for every victim, the second takes what it leaves:
-//
-//	move:  page table Staged -> the agent UFFDIO_MOVEs them into the process's staging area ->
-//	       process_vm_readv the staging pages -> store -> commit (Evicted) -> the agent
-//	       madvise(DONTNEED)s the staging area
-//	drop:  write-protect the dirty victims -> process_vm_readv them -> store -> commit
-//	       (Evicted, InFlight, Zapping) -> the agent madvise(DONTNEED)s them -> wake
-//
-// The drop order is the only one that proved race-free under concurrent writers when the
-// runtime cannot take pages itself (DESIGN.md section 3). It pays a write-protect (a TLB
-// flush) and a REMOVE event, which the agent must wait for the fault thread to read, per
-// contiguous run: a round trip between two processes, ~22 us here (results/eviction.md). A
-// random victim set is nearly a run per page. The move stays inside the program's process
-// (4-7 us a page here, probes/movecost.c: it still flushes each page from the TLB), needs no
-// protection (a moved page is out of the program's reach: a fault on it waits for the
-// commit), and the batch raises no REMOVE at all: the staging area is registered on a uffd of
-// the agent's own. The kernel refuses to move a page still shared with a fork child (EBUSY:
-// redis's cold pages after a BGSAVE, until written), and a fork child that inherited its
-// parent's staging area moves nothing; those go the drop way.
-//
-// Clean victims (installed write-protected from a slot and never written) are not copied:
-// their slot is still current. The fault thread, not the evictor, consumes the REMOVE events
-// our DONTNEEDs raise; the evictor never reads the uffd.
 package evictor
 
 import (
@@ -230,5 +204,5 @@ func (e *Evictor) largest() Target {
 // held for room it would wait on itself.
 func (e *Evictor) Tid() int32 { return e.tid.Load() }
 
-// ErrGone is what Target.Drop returns when the process exited meanwhile.
+// ErrGone is what Target.Drop and Target.Move return when the process exited meanwhile.
 var ErrGone = errors.New("process gone")
