@@ -10,10 +10,9 @@ import (
 //
 // Why a reserve: glibc's malloc maps its large blocks and grows its heaps with internal
 // mmap/brk calls the shim cannot interpose, so their pages appear in the kernel's count with no
-// fault to stop them. The runtime finds and registers such mappings within a poll (~2 ms), but
-// a program filling fresh malloc blocks (hundreds of thousands of pages a second) can take
-// thousands of pages in that window, faster than a batch is evicted. Faults can be made to
-// wait; these writes cannot. So after a burst is seen, the evictor keeps that much room free
+// fault to stop them. The runtime finds and registers such mappings within one of its RSS polls,
+// but a program filling fresh malloc blocks can take more pages in that window than a batch
+// evicts. Faults can be made to wait; these writes cannot. So after a burst is seen, the evictor keeps that much room free
 // for the next one, and the cap holds as the kernel counts it. A program that allocates this
 // way only rarely gets its room back as the reserve decays (it halves every HalfLife).
 //
@@ -30,9 +29,9 @@ type BurstReserve struct {
 // NewBurstReserve returns the reserve for a cap: at most half of it, so a program that keeps
 // allocating unseen still has half its cap for the pages it faults in. It halves in 10 s: a
 // program's allocation phases recur (the torture's every few seconds, a cache's on each load)
-// and a reserve forgotten between them leaves every phase's first burst over the cap (the
-// torture at a 16 MiB cap, five runs each: peak RssAnon up to 23.7 MiB with no reserve, 21.9
-// with a 1 s half-life, 19.7 with 10 s).
+// and a reserve forgotten between them leaves every phase's first burst over the cap. (The
+// torture's peak RssAnon at a 16 MiB cap, with no reserve and with half-lives of 1 s and 10 s,
+// chose 10 s: see the git history of this file.)
 func NewBurstReserve(capPages int64) *BurstReserve {
 	return &BurstReserve{Max: capPages / 2, HalfLife: 10 * time.Second}
 }

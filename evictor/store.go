@@ -1,0 +1,50 @@
+package evictor
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/farmem/farmem/uffd"
+)
+
+// store stores the pages copied out, in one backend Store, and sets each one's slot. An
+// all-zero page needs no copy: its slot is 0, which reads as zeros.
+//
+// The non-zero pages are packed at the front of buf first: buf is not read after this.
+func (e *Evictor) store(b *batch) error {
+	slots := b.slots[:b.n]
+	b.nz = b.nz[:0]
+	for i := range slots {
+		slots[i] = 0
+		if !isZero(b.page(i)) {
+			b.nz = append(b.nz, i)
+		}
+	}
+	if len(b.nz) == 0 {
+		return nil
+	}
+	for j, i := range b.nz {
+		if j != i { // j < i: page j's own content is zeros, or already packed below j
+			copy(b.page(j), b.page(i))
+		}
+	}
+	stored := b.stored[:len(b.nz)]
+	if err := e.cfg.Backend.Store(b.buf[:len(b.nz)*uffd.PageSize], stored); err != nil {
+		return fmt.Errorf("evict: backend store: %w", err)
+	}
+	for j, i := range b.nz {
+		slots[i] = stored[j]
+	}
+	return nil
+}
+
+// isZero reports whether page b is all zeros.
+func isZero(b []byte) bool {
+	w := unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
+	for _, x := range w {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
