@@ -43,6 +43,9 @@ func (e *Evictor) copyOut(b *batch) error {
 	if errors.Is(err, unix.ESRCH) {
 		return ErrGone
 	}
+	if err != nil {
+		got = max(got, 0) // -1 when the very first page faulted: nothing was read
+	}
 	if got < b.nStaged*uffd.PageSize {
 		return fmt.Errorf("evict: process_vm_readv of %d staged pages read %d bytes: %v", b.nStaged, got, err)
 	}

@@ -144,7 +144,7 @@ func (rt *Runtime) rescanLoop() {
 		rt.evictor.Unmanaged.Store(unmanaged)
 		rt.evictor.Reserve.Store(reserve.Observe(now, unseen))
 		if rt.evictor.Used() > rt.evictor.HighWater() {
-			rt.kickEvictor()
+			rt.evictor.Kick()
 		}
 	}
 }
@@ -178,7 +178,7 @@ func (rt *Runtime) armedInterval() time.Duration {
 // its crossings, each a wakeup of farmem's, come only when the programs' memory really falls
 // or rises, not with every batch; one at the low watermark itself fired twice a batch and cost
 // micro's random walk dearly (results/nopaging.md, "Armed but not paging").
-func (rt *Runtime) nearCapPages() int64 { return rt.cfg.CapPages - 2*rt.evictor.MaxHead }
+func (rt *Runtime) nearCapPages() int64 { return rt.cfg.CapPages - 2*rt.evictor.MaxHead() }
 
 // arm registers every process's mappings. Until the pages already present are adopted,
 // Resident undercounts them and the cap cannot hold back new faults, so program faults wait
@@ -192,7 +192,7 @@ func (rt *Runtime) arm(total int64, procs map[*Process]int64) {
 		p.Rescan()
 	}
 	rt.arming.Store(false)
-	rt.kickEvictor()
+	rt.evictor.Kick()
 	for p := range procs {
 		p.WakeIfWaiting()
 	}

@@ -186,7 +186,7 @@ func (p *Process) Fail(err error) {
 func (p *Process) Faulting(tid int32) {
 	p.place.fault(p.Pid(), int(tid), p.agentTid.Load())
 	if ev := p.rt.evictor; ev.Used() > ev.HighWater() {
-		p.rt.kickEvictor()
+		p.rt.evictor.Kick()
 	}
 }
 
@@ -201,7 +201,7 @@ func (p *Process) MustWait(tid int32) bool {
 	if !p.rt.arming.Load() {
 		p.rt.evictor.Waited() // at the cap, not arming: the evictor keeps more room
 	}
-	p.rt.kickEvictor()
+	p.rt.evictor.Kick()
 	return true
 }
 

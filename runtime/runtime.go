@@ -124,8 +124,8 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	rt.retired = sync.NewCond(&rt.mu)
 	rt.armed.Store(rt.armPages <= 0)
-	rt.evictor = evictor.New(cfg.CapPages, &rt.resident, cfg.Backend, rt.targets)
-	rt.evictor.Trace = cfg.EvictTrace
+	rt.evictor = evictor.New(evictor.Config{CapPages: cfg.CapPages, Resident: &rt.resident, Backend: cfg.Backend,
+		Targets: rt.targets, Trace: cfg.EvictTrace})
 	if cfg.PrefetchCachePages > 0 {
 		rt.cache = fetcher.NewPrefetchCache(cfg.PrefetchCachePages, &rt.evictor.Cached)
 	}
@@ -226,13 +226,6 @@ func (rt *Runtime) overCap() bool {
 // roomPages is how many pages faults may still bring in before they wait.
 func (rt *Runtime) roomPages() int64 {
 	return min(rt.cfg.CapPages-rt.resident.Load(), rt.evictor.Limit()-rt.evictor.Used())
-}
-
-func (rt *Runtime) kickEvictor() {
-	select {
-	case rt.evictor.Kick <- struct{}{}:
-	default:
-	}
 }
 
 func (rt *Runtime) noteFailure(err error) {
