@@ -54,10 +54,10 @@
 //	       (Evicted, InFlight, Zapping) -> the agent madvise(DONTNEED)s them -> clear Zapping
 //	       -> wake the writers held by the protection
 //
-// The drop order is the only one that proved race-free under concurrent writers when the
-// runtime cannot take pages itself (docs/DESIGN.md). It pays, per contiguous run, a
-// write-protect (a TLB flush) and a REMOVE event that the agent must wait for the fault thread
-// to read: a round trip between two processes (results/eviction.md, "What the drop costs, and
+// Both orders lost no write under concurrent writers, where copying out without the drop way's
+// write-protect lost many (docs/DESIGN.md, "Evicting a page"). The drop way pays, per contiguous
+// run, a write-protect (a TLB flush) and a REMOVE event that the agent must wait for the fault
+// thread to read: a round trip between two processes (results/eviction.md, "What the drop costs, and
 // why it is not the probe's 4.5 µs a run"). A random victim set is nearly a run a page. The
 // move stays inside the program's process (it still flushes each page from the TLB:
 // probes/movecost.c, and results/eviction.md, "Moving victims out instead of dropping them"),
