@@ -529,7 +529,7 @@ func plotutilColor(i int) color.Color {
 	return p[i%len(p)]
 }
 
-// targets reports issue 6's target ratios, whatever they came to. A target whose either side
+// targets reports the target ratios the benchmark is held to, whatever they came to. A target whose either side
 // finished in fewer than most of its rounds is "not comparable", never met: a swap run that the
 // OOM killer ended has no throughput to be 1.5x of.
 func (h *harness) targets(p func(string, ...any), wls []workload, rs []result, nat map[string]stat) {
@@ -686,8 +686,8 @@ func damonPageout() string {
 	return strings.Join(found, "; ")
 }
 
-// footprints says how large the workloads were, from their native peaks: the sentence that
-// once said "about 64 MiB" whatever -scale had made them.
+// footprints says how large the workloads were, from their native peaks, whatever -scale made
+// them.
 func footprints(wls []workload, refs map[string]*ref) string {
 	lo, hi := math.MaxInt, 0
 	for _, w := range wls {
