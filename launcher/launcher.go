@@ -61,6 +61,9 @@ type Options struct {
 	// LatencyOut, if set, gets the run's latency histograms at exit (WriteLatency), whatever
 	// Quiet says.
 	LatencyOut string
+	// SummaryJSON, if set, gets the whole summary at exit as one JSON object (Summary), whatever
+	// Quiet says, and also when the program was stopped.
+	SummaryJSON string
 }
 
 // Run runs the program to completion and returns the exit status farmem should exit with.
@@ -185,6 +188,11 @@ wait:
 		}
 	}
 	status := exitStatus(end.ws, end.err)
+	if o.SummaryJSON != "" {
+		if err := writeSummary(o.SummaryJSON, summarize(rt, o, status)); err != nil {
+			fmt.Fprintf(os.Stderr, "farmem: --summary-json: %v\n", err)
+		}
+	}
 	if f := rt.Failure(); f != nil {
 		return status, fmt.Errorf("the program was stopped: %w", f)
 	}

@@ -154,6 +154,7 @@ func runCommand() *cli.Command {
 			ctrlTokenFlag("with --ctrl"),
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
+			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the whole summary to FILE as one JSON object, in raw numbers (bytes, pages,\n\tnanoseconds, histograms' buckets; its fields are in the README), --quiet or not"},
 		}, append(prefetchFlags(), telemetryFlags()...)...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
@@ -225,12 +226,14 @@ func runAction(c *cli.Context) error {
 		}
 	}
 	defer store.Close()
-	latencyOut := c.String("latency-out")
-	if latencyOut != "" {
-		// Written at exit; a path that cannot be written is bad input now, not a
-		// message after the run.
-		if err := os.WriteFile(latencyOut, nil, 0o644); err != nil {
-			return usagef("--latency-out: %v", err)
+	// Written at exit; a path that cannot be written is bad input now, not a message after the run.
+	latencyOut, summaryJSON := c.String("latency-out"), c.String("summary-json")
+	for flag, path := range map[string]string{"latency-out": latencyOut, "summary-json": summaryJSON} {
+		if path == "" {
+			continue
+		}
+		if err := os.WriteFile(path, nil, 0o644); err != nil {
+			return usagef("--%s: %v", flag, err)
 		}
 	}
 	tel, err := startTelemetry(tcfg)
@@ -245,7 +248,8 @@ func runAction(c *cli.Context) error {
 	tracing, evictTrace := tel.Tracing(store)
 	status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
 		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace,
-		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut})
+		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut,
+		SummaryJSON: summaryJSON})
 	stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 	if trace != nil {                   // Run has stopped every fault thread
 		if cerr := closeTrace(c, trace); err == nil {

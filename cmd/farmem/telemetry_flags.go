@@ -22,7 +22,7 @@ func telemetryFlags() []cli.Flag {
 		&cli.Int64Flag{Name: "trace-slow-max", Value: telemetry.DefaultSlowMax, Usage: "but at most N a second: past that, slow faults are counted, not traced (0: no bound)"},
 		&cli.BoolFlag{Name: "trace-stdout", Usage: "also print the spans on stdout (debugging; the program's stdout is the same)"},
 		&cli.StringFlag{Name: "metrics-addr", Usage: "serve Prometheus metrics (fault latency histogram, counts...) on HOST:PORT/metrics"},
-		&cli.StringFlag{Name: "latency-out", TakesFile: true, Usage: "at exit, write every fault's service latency and every eviction batch's, as histograms, to FILE\n\t(CSV: what,lower_ns,upper_ns,count; what is zero, backend, wp, cache or eviction-batch): the whole\n\tdistribution, for a CDF (the summary gives p50/p99/p99.9)"},
+		&cli.StringFlag{Name: "latency-out", TakesFile: true, Usage: "at exit, write every fault's service latency and every eviction batch's, as histograms, to FILE\n\t(CSV: what,lower_ns,upper_ns,count; what is a fault source: zero, backend, wp, cache; a reason\n\tfaults were held: held-room, held-busy, held-event; or eviction-batch): the whole\n\tdistribution, for a CDF (the summary gives p50/p99/p99.9)"},
 		&cli.StringFlag{Name: "stats", Usage: "print one line of live figures on stderr every DURATION (e.g. 1s): faults/s by source\n\twith p99, evictions/s, resident vs cap"},
 	}...)
 }

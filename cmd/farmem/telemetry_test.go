@@ -518,6 +518,7 @@ func TestTelemetryBadInput(t *testing.T) {
 		{[]string{"--trace-sample", "most"}, nil, `--trace-sample "most": give a ratio from 0 to 1`},
 		{[]string{"--trace-slow", "fast"}, nil, `--trace-slow "fast": give a duration`},
 		{[]string{"--latency-out", "/nonexistent-farmem-dir/lat.csv"}, nil, "--latency-out: open /nonexistent-farmem-dir/lat.csv"},
+		{[]string{"--summary-json", "/nonexistent-farmem-dir/s.json"}, nil, "--summary-json: open /nonexistent-farmem-dir/s.json"},
 		{[]string{"--trace-slow-max", "-5"}, nil, "--trace-slow-max -5: give a number of faults a second"},
 		{[]string{"--stats", "0s"}, nil, `--stats "0s": give an interval`},
 		{[]string{"--otlp", "localhost"}, nil, `--otlp "localhost": give HOST:PORT`},

@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // The floor configuration: the workload under bin/floorpager (workloads/floor), a minimal C
@@ -41,7 +40,7 @@ func parseFloor(out string) map[string]float64 {
 	return m
 }
 
-// farmemStages is what farmem's summary says of its eviction batches: how many, their mean
+// farmemStages is what farmem's --summary-json says of its eviction batches: how many, their mean
 // pages, and the mean time a batch spent in each stage (evictor.StageNames, in order), in ns.
 type farmemStages struct {
 	batches, pages float64
@@ -50,35 +49,6 @@ type farmemStages struct {
 
 // stageNames are farmem's eviction stages as its summary names them (evictor.StageNames).
 var stageNames = [...]string{"move", "write-protect", "copy out", "store", "drop", "wake"}
-
-// parseStages reads farmem's "eviction batches N (P pages in R runs each, ...) ..., mean move
-// D write-protect D copy out D store D drop D wake D" (D a Go duration); ok false without it.
-func parseStages(out string) (s farmemStages, ok bool) {
-	m := regexp.MustCompile(`eviction batches (\d+) \(([0-9.]+) pages in`).FindStringSubmatch(out)
-	if m == nil {
-		return s, false
-	}
-	s.batches, _ = strconv.ParseFloat(m[1], 64)
-	s.pages, _ = strconv.ParseFloat(m[2], 64)
-	var pat strings.Builder
-	pat.WriteString(`, mean`)
-	for _, n := range stageNames {
-		pat.WriteString(` ` + regexp.QuoteMeta(n) + ` (\S+?)`)
-	}
-	pat.WriteString(`(?:;|$|\s)`)
-	d := regexp.MustCompile(pat.String()).FindStringSubmatch(out)
-	if d == nil {
-		return s, false
-	}
-	for i := range stageNames {
-		v, err := time.ParseDuration(d[i+1])
-		if err != nil {
-			return s, false
-		}
-		s.stage[i] = float64(v.Nanoseconds())
-	}
-	return s, true
-}
 
 // perPage is a stage's mean per page evicted, in ns.
 func (s farmemStages) perPage(i int) float64 {
@@ -209,7 +179,7 @@ func (h *harness) floorSection(p func(string, ...any), wls []workload, pcts []in
 	}
 	p("\nThroughput is the workload's (%s, medians). *floor faults served /s* is floorpager's own count: faults served (first touches and pages read back) per second from its first eviction to the program's exit; in steady state each also evicts a page.\n", wls[0].metric)
 
-	p("\n**Each part, per page** (µs, medians over the rounds; farmem's stage means come from its summary's \"mean time a batch spends in each stage\" divided by its mean pages per batch):\n\n")
+	p("\n**Each part, per page** (µs, medians over the rounds; farmem's stage means come from its --summary-json: the time its batches spent in each stage over the pages they evicted):\n\n")
 	p("| workload | cap | part | floor µs | farmem µs | farmem / floor |\n|---|---|---|---|---|---|\n")
 	for _, w := range wls {
 		if !floorRuns(w) {

@@ -36,18 +36,39 @@ func TestParseFloor(t *testing.T) {
 	}
 }
 
-// farmem's summary line, as launcher.printSummary writes it.
-const farmemSummary = "farmem: fault service; zero 16384 p50 3.2µs p99 10µs p99.9 20µs; backend 31000 p50 12.5µs p99 40µs p99.9 100µs; " +
-	"eviction batches 172 (128.0 pages in 61.1 runs each, 100% of pages moved out, 0.0 REMOVEs each) p50 600µs p99 1.2ms, " +
-	"mean move 256µs write-protect 0s copy out 1.28ms store 64µs drop 32µs wake 0s; 2 batches given up (victims unmapped or moved meanwhile)\n"
+// A farmem --summary-json, the parts the harness reads (launcher.Summary writes it).
+const summaryJSON = `{"exit_status": 0,
+  "faults": {"zero": {"count": 16384, "p50_ns": 3200, "p99_ns": 10000},
+             "backend": {"count": 31000, "p50_ns": 12500, "p99_ns": 40000}},
+  "evicted": {"written": 20000, "dropped_clean": 2000, "zero": 16},
+  "batches": {"count": 172, "stage_ns": {"move": 44032000, "write-protect": 0, "copy out": 220160000,
+             "store": 11008000, "drop": 5504000, "wake": 0}},
+  "bytes_in": 126976000, "bytes_out": 81920000, "peak_anon_bytes": 17825792, "cgroup_peak_bytes": 18350080}`
 
-func TestParseStages(t *testing.T) {
-	s, ok := parseStages("farmem: cap 16 MiB\n" + farmemSummary)
-	if !ok {
-		t.Fatal("not parsed")
+func testSummary(t *testing.T) farmemSummary {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "summary.json")
+	if err := os.WriteFile(path, []byte(summaryJSON), 0o644); err != nil {
+		t.Fatal(err)
 	}
+	s, err := readSummary(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A run's result takes farmem's summary's raw numbers: backend faults and their service
+// latency, bytes moved, the cgroup's peak, and the stages per batch and per page.
+func TestSummaryJSONApplies(t *testing.T) {
+	var r result
+	testSummary(t).apply(&r)
+	if r.faults != 31000 || r.fsP50 != 12.5 || r.fsP99 != 40 || r.inB != 126976000 || r.outB != 81920000 || r.peakB != 18350080 || !r.peakCgroup {
+		t.Errorf("result %+v", r)
+	}
+	s := r.stages
 	if s.batches != 172 || s.pages != 128 {
-		t.Errorf("batches %v pages %v", s.batches, s.pages)
+		t.Errorf("batches %v pages %v, want 172 and 128 (22016 evicted)", s.batches, s.pages)
 	}
 	want := [len(stageNames)]float64{256e3, 0, 1280e3, 64e3, 32e3, 0}
 	if s.stage != want {
@@ -56,12 +77,17 @@ func TestParseStages(t *testing.T) {
 	if got := s.perPage(2); got != 10e3 {
 		t.Errorf("copy out per page %v ns, want 10000", got)
 	}
-	// The line's end right after the last stage.
-	if s2, ok := parseStages(strings.TrimSuffix(farmemSummary, "; 2 batches given up (victims unmapped or moved meanwhile)\n")); !ok || s2 != s {
-		t.Errorf("at the end of the output: %v %+v", ok, s2)
+	// Without a cgroup of its own, farmem's peak is its sampled anonymous RSS.
+	sum := testSummary(t)
+	sum.CgroupPeakBytes = nil
+	sum.apply(&r)
+	if r.peakB != 17825792 || r.peakCgroup {
+		t.Errorf("peak %d (cgroup %v), want the sampled 17825792", r.peakB, r.peakCgroup)
 	}
-	if _, ok := parseStages("farmem: fault service; zero 3 p50 1µs p99 1µs p99.9 1µs\n"); ok {
-		t.Error("a run with no batches parsed")
+	// A run with no batch has no stages.
+	sum.Batches.Count = 0
+	if st := sum.stages(); st.batches != 0 || st.pages != 0 {
+		t.Errorf("no batches: %+v", st)
 	}
 }
 
@@ -126,7 +152,7 @@ func TestFloorCSVRoundTrip(t *testing.T) {
 			userS: 0.125, sysS: 0.75, vmMajflt: 3, floor: parseFloor(floorLine)},
 		{wl: "micro-random", cfg: config{kind: "farmem", pct: 25}, round: 1, capMiB: 16, wall: 3, tput: 2e4, userS: 1, sysS: 2},
 	}
-	rs[1].stages, _ = parseStages(farmemSummary)
+	rs[1].stages = testSummary(t).stages()
 	for k := range rs[0].floor { // the CSV keeps floorKeys only
 		if !strings.Contains(strings.Join(floorKeys, " "), k) {
 			delete(rs[0].floor, k)

@@ -502,10 +502,13 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 	// farmem writes its latency histograms here at exit (none if it is killed).
 	latPath := filepath.Join(h.work, "latency.csv")
 	os.Remove(latPath)
+	// and its whole summary, in raw numbers.
+	sumPath := filepath.Join(h.work, "summary.json")
+	os.Remove(sumPath)
 	switch c.kind {
 	case "farmem":
 		res.capMiB = h.capMiB(w, c.pct)
-		prefix = []string{farmemBin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--latency-out", latPath}
+		prefix = []string{farmemBin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--latency-out", latPath, "--summary-json", sumPath}
 		if c.remote != "" {
 			prefix = append(prefix, "--ctrl", h.cluster.ctrl, "--token-file", h.cluster.token)
 			if c.remote == "shm" {
@@ -582,36 +585,13 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		res.inB, res.outB = res.faults*4096, uint64(res.floor["evicted"])*4096
 	}
 	if c.kind == "farmem" {
-		res.stages, _ = parseStages(out)
-		if m := regexp.MustCompile(`faults: zero-fill \d+ \(\d+ pages\), backend (\d+);`).FindStringSubmatch(out); m != nil {
-			res.faults, _ = strconv.ParseUint(m[1], 10, 64)
-			res.inB = res.faults * 4096
+		// Its numbers, raw (none if it was stopped before it could write them).
+		if sum, err := readSummary(sumPath); err == nil {
+			sum.apply(&res)
+		} else {
+			h.progress("%s %s %d%% round %d: no --summary-json: %v", w.name, c.name(), c.pct, round, err)
 		}
-		if m := regexp.MustCompile(`evicted: written (\d+),`).FindStringSubmatch(out); m != nil {
-			n, _ := strconv.ParseUint(m[1], 10, 64)
-			res.outB = n * 4096
-		}
-		// Newer farmem summaries say what moved, prefetches included, and the peak RSS.
-		if m := regexp.MustCompile(`moved: in ([0-9.]+) MiB .* out ([0-9.]+) MiB`).FindStringSubmatch(out); m != nil {
-			a, _ := strconv.ParseFloat(m[1], 64)
-			b, _ := strconv.ParseFloat(m[2], 64)
-			res.inB, res.outB = uint64(a*(1<<20)), uint64(b*(1<<20))
-		}
-		if m := regexp.MustCompile(`peak anonymous RSS (\d+) MiB`).FindStringSubmatch(out); m != nil {
-			v, _ := strconv.ParseInt(m[1], 10, 64)
-			res.peakB = v << 20
-		}
-		// The kernel's peak of the program's memory cgroup, measured as swap's is, where farmem
-		// had a cgroup of its own for the program (a v1 memory controller).
-		if m := regexp.MustCompile(`memory cgroup peak: ([0-9.]+) MiB`).FindStringSubmatch(out); m != nil {
-			v, _ := strconv.ParseFloat(m[1], 64)
-			res.peakB, res.peakCgroup = int64(v*(1<<20)), true
-		}
-		if m := regexp.MustCompile(`fault service;.* backend \d+ p50 (\S+) p99 ([^;\s]+)`).FindStringSubmatch(out); m != nil {
-			a, _ := time.ParseDuration(m[1])
-			b, _ := time.ParseDuration(m[2])
-			res.fsP50, res.fsP99 = float64(a.Nanoseconds())/1e3, float64(b.Nanoseconds())/1e3
-		}
+		os.Remove(sumPath)
 		// The whole distribution, for the fault-latency CDF. A run without it still counts
 		// (the report says how many lack it).
 		lat, err := readLatency(latPath)
