@@ -152,6 +152,20 @@ func (w *usageWatch) close() {
 	unix.Rmdir(w.dir)
 }
 
+// CheckUsageWatch reports whether a run here can watch its programs' memory with a memory
+// cgroup of its own (usageWatch), by making one and removing it: nil, or why not.
+func CheckUsageWatch() error {
+	parent, err := ownMemcg()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(parent, fmt.Sprintf("farmem-check-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	return unix.Rmdir(dir)
+}
+
 // ownMemcg is the directory of the cgroup v1 memory cgroup farmem runs in.
 func ownMemcg() (string, error) {
 	path, err := procfs.OwnCgroup("memory")

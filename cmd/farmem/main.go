@@ -121,7 +121,7 @@ func newApp() *cli.App {
 			return cli.ShowAppHelp(c)
 		},
 		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), simCommand(),
-			versionCommand(), helpCommand()},
+			doctorCommand(), versionCommand(), helpCommand()},
 	}
 	// No command has subcommands, so none needs urfave/cli's help subcommand; with it,
 	// `farmem run --local-mem 1g -- help` would show help instead of running a program named help.
