@@ -85,3 +85,29 @@ func TestSummaryJSON(t *testing.T) {
 		t.Fatalf("--quiet run: --summary-json %q, %v", b, err)
 	}
 }
+
+// summarized returns farmem run's args with --summary-json added, to a file of the test's, and
+// what reads that file once the run has ended.
+func summarized(t *testing.T, args []string) ([]string, func() *launcher.Summary) {
+	t.Helper()
+	if len(args) == 0 || args[0] != "run" {
+		t.Fatalf("summarized: not farmem run's args: %q", args)
+	}
+	path := filepath.Join(t.TempDir(), "summary.json")
+	args = append([]string{"run", "--summary-json", path}, args[1:]...)
+	return args, func() *launcher.Summary { t.Helper(); return readSummary(t, path) }
+}
+
+// readSummary reads a --summary-json file.
+func readSummary(t *testing.T, path string) *launcher.Summary {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s launcher.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatalf("--summary-json: %v\n%s", err, b)
+	}
+	return &s
+}
