@@ -549,7 +549,7 @@ func TestTelemetryBadInput(t *testing.T) {
 		if n := strings.Count(out, "farmem: telemetry:"); n != 1 {
 			t.Errorf("%s endpoint %s down: %d telemetry warnings, want exactly 1:\n%s", proto, dead, n, out)
 		}
-		if !strings.Contains(out, "farmem: fault service") {
+		if !strings.Contains(out, "farmem: held micro to 16 MiB") {
 			t.Errorf("no summary after a run whose collector was down")
 		}
 	}
