@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -86,8 +87,12 @@ func Run(o Options) (int, error) {
 	}
 	defer ln.Close()
 
+	say := &announcer{o: o}
 	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat,
-		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace}
+		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace,
+		// Said from a goroutine of its own: stderr may be slow to take it, and the RSS poll
+		// that armed the run must not wait on it.
+		OnArm: func(b int64) { go say.armed(b) }}
 	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
 		if err := o.Prefetch.Validate(); err != nil {
 			return 0, err
@@ -104,6 +109,9 @@ func Run(o Options) (int, error) {
 	}
 	if o.Observe != nil {
 		o.Observe(rt)
+	}
+	if rt.Armed() {
+		say.armed(0)
 	}
 	rt.Start()
 	defer rt.Close()
@@ -188,17 +196,16 @@ wait:
 		}
 	}
 	status := exitStatus(end.ws, end.err)
+	sum := summarize(rt, o, status)
 	if o.SummaryJSON != "" {
-		if err := writeSummary(o.SummaryJSON, summarize(rt, o, status)); err != nil {
+		if err := writeSummary(o.SummaryJSON, sum); err != nil {
 			fmt.Fprintf(os.Stderr, "farmem: --summary-json: %v\n", err)
 		}
 	}
 	if f := rt.Failure(); f != nil {
 		return status, fmt.Errorf("the program was stopped: %w", f)
 	}
-	if !o.Quiet {
-		printSummary(rt, o)
-	}
+	say.summary(sum)
 	if o.LatencyOut != "" {
 		if err := writeLatency(rt, o.LatencyOut); err != nil {
 			fmt.Fprintf(os.Stderr, "farmem: --latency-out: %v\n", err)
@@ -243,115 +250,41 @@ func exitStatus(ws unix.WaitStatus, err error) int {
 	return ws.ExitStatus()
 }
 
-func printSummary(rt *runtime.Runtime, o Options) {
-	s := &rt.Stats
-	e := &rt.Evictor().Stats
-	// How the run looked out for the arming threshold: the kernel's word, or its own reads.
-	watch := "polled for it"
-	if rt.ArmWatched() {
-		watch = "a memory cgroup threshold watched for it"
-	}
-	armed := "not armed (stayed below the cap; " + watch + ")"
-	switch {
-	case !rt.Armed():
-	case s.ArmedAtPages.Load() == 0:
-		armed = "armed from the start"
-	default:
-		armed = fmt.Sprintf("armed at %d MiB (%s)", s.ArmedAtPages.Load()*runtime.PageSize>>20, watch)
-	}
-	staged := ""
-	if n := s.FromStaging.Load(); n > 0 {
-		staged = fmt.Sprintf(" (%d read by fork children from the staging area of a batch in flight when they forked)", n)
-	}
-	fmt.Fprintf(os.Stderr, "farmem: cap %d MiB, %s; faults: zero-fill %d (%d pages), backend %d%s; evicted: written %d, clean dropped %d, zero %d; removes %d\n",
-		o.LocalMem>>20, armed, s.ZeroFills.Load(), s.ZeroPages.Load(), s.BackendFaults.Load(), staged, e.Written.Load(), e.Dropped.Load(), e.Zero.Load(), s.Removes.Load())
-	if n := e.Absent.Load(); n > 0 {
-		fmt.Fprintf(os.Stderr, "farmem: %d eviction victims were absent from the program though recorded resident: left alone\n", n)
-	}
-	if rt.Config().NewPrefetcher != nil {
-		used, installed, misses := s.PrefetchUsed.Load(), s.PrefetchInstalled.Load(), s.BackendFaults.Load()
-		mode, placed, evicted := "map", "installed", ""
-		if c := rt.PrefetchCache(); c != nil {
-			mode, placed = fmt.Sprintf("cache of %d pages", c.Pages()), "cached"
-			evicted = fmt.Sprintf(", %d pushed out unused", c.Evicted.Load())
-		}
-		fmt.Fprintf(os.Stderr, "farmem: prefetch %s (%s): issued %d, %s %d, used %d (accuracy %.0f%%, coverage %.0f%%)%s\n",
-			o.Prefetch.WithDefaults().Name, mode, s.PrefetchIssued.Load(), placed, installed, used,
-			100*float64(used)/float64(max(installed, 1)), 100*float64(used)/float64(max(used+misses, 1)), evicted)
-	}
-	if rt.Armed() {
-		fmt.Fprintf(os.Stderr, "farmem: mappings: %d seen as they were made, %d pages found already written by the rescan\n",
-			s.MappingsSeen.Load(), s.UnseenPages.Load())
-	}
-	if n := e.PeakStored.Load(); n > 0 {
-		fmt.Fprintf(os.Stderr, "farmem: backend peak: %d pages in %d KiB (%.2fx)\n", n, e.PeakStoredBytes.Load()>>10,
-			float64(n*runtime.PageSize)/float64(max(e.PeakStoredBytes.Load(), 1)))
-	}
-	fmt.Fprintf(os.Stderr, "farmem: moved: in %s (faults and prefetches from the backend), out %s (evictions written); peak anonymous RSS %d MiB of the %d MiB cap (summed over processes: a page shared with a fork child counts in each)\n",
-		byteSize(rt.BytesIn()), byteSize(rt.BytesOut()), rt.Stats.PeakAnonPages.Load()*runtime.PageSize>>20, o.LocalMem>>20)
-	if b, ok := rt.CgroupPeak(); ok {
-		fmt.Fprintf(os.Stderr, "farmem: memory cgroup peak: %.1f MiB (the kernel's count for the program and its children: anonymous memory, page cache and kernel memory)\n",
-			float64(b)/(1<<20))
-	}
-	fmt.Fprintf(os.Stderr, "farmem: fault service")
-	for src := fetcher.Source(0); src < fetcher.NumSources; src++ {
-		h := &s.Latency[src]
-		if h.Count() == 0 {
-			continue
-		}
-		fmt.Fprintf(os.Stderr, "; %s %d p50 %v p99 %v p99.9 %v", src, h.Count(), h.Quantile(0.5), h.Quantile(0.99), h.Quantile(0.999))
-	}
-	if n := e.Batches.Load(); n > 0 {
-		fmt.Fprintf(os.Stderr, "; eviction batches %d (%.1f pages in %.1f runs each, %.0f%% of pages moved out, %.1f REMOVEs each) p50 %v p99 %v",
-			n, float64(e.Evicted())/float64(n), float64(e.Runs.Load())/float64(n),
-			100*float64(e.Staged.Load())/float64(max(e.Evicted(), 1)), float64(e.Removes.Load())/float64(n),
-			e.Batch.Quantile(0.5), e.Batch.Quantile(0.99))
-		fmt.Fprintf(os.Stderr, ", mean")
-		for i, name := range evictor.StageNames {
-			fmt.Fprintf(os.Stderr, " %s %v", name, (time.Duration(e.StageTime[i].Load()) / time.Duration(n)).Round(time.Microsecond))
-		}
-	}
-	if n := e.Aborted.Load(); n > 0 {
-		fmt.Fprintf(os.Stderr, "; %d batches given up (victims unmapped or moved meanwhile)", n)
-	}
-	fmt.Fprintln(os.Stderr)
-	printHeld(s)
+// announcer says on stderr, once, when the run arms, unless the run is quiet; nothing once the
+// summary is out (an arming at the program's very end comes too late to say).
+type announcer struct {
+	o    Options
+	mu   sync.Mutex
+	done bool
 }
 
-// printHeld says how many faults could not be served when first read, why, how long they took,
-// and what share of all the faults' service time (read to install) went to them.
-func printHeld(s *runtime.Stats) {
-	var all, held time.Duration
-	for i := range s.Latency {
-		all += s.Latency[i].Sum()
-	}
-	var parts []string
-	for h := fetcher.Held(0); h < fetcher.NumHeld; h++ {
-		x := &s.Held[h]
-		if x.Count() == 0 {
-			continue
-		}
-		held += x.Sum()
-		parts = append(parts, fmt.Sprintf("%s %d p50 %v p99 %v", h, x.Count(), x.Quantile(0.5), x.Quantile(0.99)))
-	}
-	if len(parts) == 0 {
+// armed says the run armed with the programs holding anonBytes (0: from the start).
+func (a *announcer) armed(anonBytes int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.o.Quiet || a.done {
 		return
 	}
-	fmt.Fprintf(os.Stderr, "farmem: faults held (room: at the cap, waiting for the evictor; busy: their page in a batch or being read; event: behind an unread event): %s; %.1f%% of all faults' service time\n",
-		strings.Join(parts, ", "), 100*float64(held)/float64(max(all, 1)))
+	name, store := filepath.Base(a.o.Argv[0]), "the embedded store"
+	if _, ok := a.o.Backend.(interface{ Lost() <-chan error }); ok {
+		store = "the memory servers" // only they can lose pages
+	}
+	if anonBytes == 0 {
+		fmt.Fprintf(os.Stderr, "farmem: armed from the start: %s's pages beyond its %s cap go to %s\n", name, size(a.o.LocalMem), store)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "farmem: armed at %s of %s's memory (cap %s): pages beyond the cap now go to %s\n",
+		size(anonBytes), name, size(a.o.LocalMem), store)
 }
 
-// byteSize prints n bytes in the largest binary unit that keeps it at least 1.
-func byteSize(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+// summary prints the summary, after which nothing more is announced.
+func (a *announcer) summary(s *Summary) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.done = true
+	if !a.o.Quiet {
+		printSummary(os.Stderr, s)
 	}
-	return fmt.Sprintf("%d B", n)
 }
 
 // statsLoop prints one line per interval on stderr (--stats): faults/s by source with the
@@ -382,7 +315,7 @@ func statsLoop(rt *runtime.Runtime, every time.Duration, stop <-chan struct{}) {
 			d.Sub(&prev[src])
 			prev[src] = cur[src]
 			if d.N > 0 {
-				fmt.Fprintf(&b, " %s %.0f (p99 %v)", src, float64(d.N)/secs, d.Quantile(0.99))
+				fmt.Fprintf(&b, " %s %.0f (p99 %s)", src, float64(d.N)/secs, duration(int64(d.Quantile(0.99))))
 			} else {
 				fmt.Fprintf(&b, " %s 0", src)
 			}

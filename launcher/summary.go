@@ -2,7 +2,13 @@ package launcher
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"math"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/farmem/farmem/evictor"
@@ -23,6 +29,9 @@ type Summary struct {
 	// ArmedAtBytes is the programs' anonymous memory when the run armed; 0 if it armed from the
 	// start, or never.
 	ArmedAtBytes int64 `json:"armed_at_bytes"`
+	// ArmThresholdBytes is the programs' anonymous memory at which the run arms (the cap less
+	// an arming margin); 0 when the cap is within that margin and the run armed from the start.
+	ArmThresholdBytes int64 `json:"arm_threshold_bytes"`
 	// ArmWatched: a memory cgroup's threshold said when to arm, rather than polling.
 	ArmWatched bool `json:"arm_watched"`
 	// Faults is each fault source's service time (zero, backend, wp, cache), reading the fault to
@@ -126,7 +135,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 	out := &Summary{
 		Program: o.Argv, ExitStatus: status, CapBytes: o.LocalMem, Armed: rt.Armed(),
 		ArmedAtBytes: s.ArmedAtPages.Load() * runtime.PageSize, ArmWatched: rt.ArmWatched(),
-		Faults: map[string]Histogram{}, Held: map[string]Histogram{},
+		ArmThresholdBytes: max(rt.ArmPages(), 0) * runtime.PageSize, Faults: map[string]Histogram{}, Held: map[string]Histogram{},
 		ZeroFills: s.ZeroFills.Load(), ZeroFillPages: s.ZeroPages.Load(), FromStaging: s.FromStaging.Load(),
 		Removes: s.Removes.Load(),
 		Evicted: Evicted{Written: e.Written.Load(), DroppedClean: e.Dropped.Load(), Zero: e.Zero.Load(), Absent: e.Absent.Load()},
@@ -169,4 +178,224 @@ func writeSummary(path string, s *Summary) error {
 		return err
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// summaryLines is the summary on stderr, in plain words and a few short lines, all from s:
+// what the cap held and the peak as the kernel counts it, the pages that came back and went
+// out, what the faults cost the program and which of them had to wait, and whether prefetching
+// paid. Everything else (eviction batches and their stages, mappings seen, the backend's peak,
+// histograms) is in --summary-json, and the live figures in --stats.
+func summaryLines(s *Summary) []string {
+	name := "the program"
+	if len(s.Program) > 0 {
+		name = filepath.Base(s.Program[0])
+	}
+	if !s.Armed {
+		// Nothing was registered: no fault could be taken, and no page moved. The cgroup's peak
+		// is exact, the sampled one may miss a short program's; but the cgroup's holds page
+		// cache too, and above the threshold would read as a contradiction.
+		peak := fmt.Sprintf("its anonymous memory peaked at %s, sampled", size(s.PeakAnonBytes))
+		if cg := s.CgroupPeakBytes; cg != nil && *cg < s.ArmThresholdBytes {
+			peak = fmt.Sprintf("at its peak the kernel counted %s", size(*cg))
+		}
+		return []string{fmt.Sprintf("farmem: never armed: %s stayed below %s of its %s cap (%s), no fault taken",
+			name, size(s.ArmThresholdBytes), size(s.CapBytes), peak)}
+	}
+	var out []string
+	line := func(format string, a ...any) { out = append(out, "farmem: "+fmt.Sprintf(format, a...)) }
+
+	// What the cap held. The cap counts the anonymous memory farmem manages; the kernel's count
+	// of the run's memory cgroup adds page cache and kernel memory, which nothing caps.
+	switch cg := s.CgroupPeakBytes; {
+	case cg == nil:
+		line("held %s to %s; its anonymous memory peaked at %s (sampled)", name, size(s.CapBytes), size(s.PeakAnonBytes))
+	case *cg <= s.CapBytes:
+		line("held %s to %s; at its peak the kernel counted %s", name, size(s.CapBytes), size(*cg))
+	default:
+		line("held %s to %s; at its peak the kernel counted %s: %s anonymous, the rest page cache and kernel memory, not capped",
+			name, size(s.CapBytes), size(*cg), size(min(s.PeakAnonBytes, *cg)))
+	}
+	if over := s.PeakAnonBytes - s.CapBytes; over > 0 {
+		// An eviction batch's pages leave the count the cap keeps when they are stored, and the
+		// kernel's when the program's agent drops them, a moment later; the sampled peak adds up
+		// each process's own count, so a page a fork child shares counts in both.
+		line("its anonymous memory went %s over the cap: pages being evicted count until their batch drops them, and a fork child's shared pages twice",
+			size(over))
+	}
+
+	// Pages in and out, one count each.
+	inPages, outPages := s.BytesIn/runtime.PageSize, s.Evicted.Written+s.Evicted.DroppedClean+s.Evicted.Zero
+	if inPages == 0 && outPages == 0 {
+		line("no page had to go out: %s fit in its cap", name)
+	} else {
+		back := size(s.BytesIn)
+		if s.Prefetch != nil && s.Prefetch.Placed > 0 {
+			back += fmt.Sprintf(", %s of them prefetched", count(s.Prefetch.Placed))
+		}
+		parts := []string{size(s.BytesOut) + " written"}
+		if n := s.Evicted.DroppedClean; n > 0 {
+			parts = append(parts, count(n)+" unchanged since stored")
+		}
+		if n := s.Evicted.Zero; n > 0 {
+			parts = append(parts, count(n)+" all zeros")
+		}
+		line("%s pages came back (%s) and %s went out (%s)", count(inPages), back, count(outPages), strings.Join(parts, ", "))
+	}
+
+	// What the faults cost: their service time, from reading the fault to the install, is time
+	// the faulting thread of the program waited.
+	var faults uint64
+	var cost int64
+	for _, h := range s.Faults {
+		faults += h.Count
+		cost += int64(h.SumNs)
+	}
+	if faults == 0 {
+		line("no fault was taken")
+	} else {
+		var parts []string
+		if h := s.Faults["backend"]; h.Count > 0 {
+			parts = append(parts, fmt.Sprintf("%s read back (median %s, 99th percentile %s)", count(int64(h.Count)), duration(h.P50Ns), duration(h.P99Ns)))
+		}
+		for _, k := range []struct{ src, what string }{
+			{"cache", "from the prefetch cache"}, {"zero", "first touches"}, {"wp", "first writes"},
+		} {
+			if h := s.Faults[k.src]; h.Count > 0 {
+				parts = append(parts, count(int64(h.Count))+" "+k.what)
+			}
+		}
+		line("faults cost the program %s: %s", duration(cost), strings.Join(parts, ", "))
+	}
+	var held uint64
+	var heldNs int64
+	var why []string
+	for _, k := range []struct{ why, what string }{
+		{"room", "for room at the cap"}, {"busy", "for their page to finish moving"}, {"event", "behind a change to the program's mappings"},
+	} {
+		if h := s.Held[k.why]; h.Count > 0 {
+			held += h.Count
+			heldNs += int64(h.SumNs)
+			why = append(why, count(int64(h.Count))+" "+k.what)
+		}
+	}
+	if held > 0 {
+		line("%s of the faults waited, %s: %s of the faults' time", count(int64(held)), and(why), percent(heldNs, cost))
+	}
+
+	// Whether prefetching paid: it did if most of the pages it brought were used. Map mode's
+	// used pages took no fault at all; cache mode's were faults served from the cache.
+	if p := s.Prefetch; p != nil && (p.Placed > 0 || s.Faults["backend"].Count > 0) {
+		how, brought, spared := p.Name+", map mode", "brought ahead of need", "took no fault"
+		if p.Mode == "cache" {
+			how, brought, spared = p.Name+", cache mode", "read ahead", "were in the cache"
+		}
+		verdict := "did not pay"
+		if p.Used > 0 && 2*p.Used >= p.Placed {
+			verdict = "paid"
+		}
+		unused := ""
+		if p.PushedOut > 0 {
+			unused = fmt.Sprintf(", %s pushed out unused", count(p.PushedOut))
+		}
+		line("prefetching (%s) %s: %s pages %s, %s used (%s)%s; %s of the pages %s needed back %s",
+			how, verdict, count(p.Placed), brought, count(p.Used), percent(min(p.Used, p.Placed), p.Placed), unused,
+			percent(p.Used, p.Used+int64(s.Faults["backend"].Count)), name, spared)
+	}
+	return out
+}
+
+// printSummary writes the summary's lines to w.
+func printSummary(w io.Writer, s *Summary) {
+	for _, l := range summaryLines(s) {
+		fmt.Fprintln(w, l)
+	}
+}
+
+// count writes n with thousands separators: 48,312.
+func count(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// size writes n bytes in the largest binary unit that keeps it at least 1, whole when it is,
+// else to a tenth under 100 and whole from there: 32 MiB, 33.4 MiB, 189 MiB.
+func size(n int64) string {
+	v, unit := float64(n), "B"
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if math.Abs(v) < 1024 {
+			break
+		}
+		v, unit = v/1024, u
+	}
+	switch {
+	case v == math.Trunc(v) || math.Abs(v) >= 99.95:
+		return fmt.Sprintf("%.0f %s", v, unit)
+	}
+	return fmt.Sprintf("%.1f %s", v, unit)
+}
+
+// duration writes ns nanoseconds to two significant digits, in the unit that reads best:
+// 850 ns, 9.7 µs, 60 µs, 1.5 ms, 0.62 s, 12 s.
+func duration(ns int64) string {
+	if ns <= 0 {
+		return "0 s"
+	}
+	r := roundSig(float64(ns), 2)
+	switch {
+	case r < 1e3:
+		return sig(r, 1) + " ns"
+	case r < 1e6:
+		return sig(r, 1e3) + " µs"
+	case r < 1e8:
+		return sig(r, 1e6) + " ms"
+	}
+	return sig(r, 1e9) + " s"
+}
+
+// roundSig rounds v > 0 to n significant digits.
+func roundSig(v float64, n int) float64 {
+	f := math.Pow(10, math.Floor(math.Log10(v))-float64(n-1))
+	return math.Round(v/f) * f
+}
+
+// sig writes r (rounded to two significant digits) divided by unit, with as many decimals as
+// those digits need.
+func sig(r, unit float64) string {
+	v := r / unit
+	return strconv.FormatFloat(v, 'f', max(0, 1-int(math.Floor(math.Log10(v)+1e-9))), 64)
+}
+
+// percent writes a/b as a whole percentage; a share above 0 that rounds to 0 is "under 1 %".
+func percent(a, b int64) string {
+	if b <= 0 {
+		return "0 %"
+	}
+	p := 100 * float64(a) / float64(b)
+	switch {
+	case p > 0 && p < 0.5:
+		return "under 1 %"
+	case p >= 99.5 && a < b:
+		return "over 99 %"
+	}
+	return fmt.Sprintf("%.0f %%", p)
+}
+
+// and joins parts as a list is said: "a", "a and b", "a, b and c".
+func and(parts []string) string {
+	if len(parts) < 2 {
+		return strings.Join(parts, "")
+	}
+	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
 }

@@ -124,6 +124,9 @@ func (rt *Runtime) rescanLoop() {
 				continue
 			}
 			rt.arm(total, anon)
+			if rt.cfg.OnArm != nil {
+				rt.cfg.OnArm(total * PageSize)
+			}
 			t.Reset(fastestPoll)
 			continue
 		}

@@ -46,6 +46,9 @@ type Config struct {
 	Tracing *fetcher.Tracing
 	// EvictTrace, if set, gets every eviction batch once it is done.
 	EvictTrace func(*evictor.BatchRecord)
+	// OnArm, if set, is called once when the run arms after it started unarmed, with the
+	// programs' anonymous memory then, from the RSS poll's goroutine (never a fault's).
+	OnArm func(anonBytes int64)
 }
 
 // Stats counts the run's work for the summary and the metrics: the fault path's (shared by
@@ -174,6 +177,10 @@ func (rt *Runtime) Resident() int64 { return rt.resident.Load() }
 
 // Armed reports whether ranges are registered with userfaultfd yet.
 func (rt *Runtime) Armed() bool { return rt.armed.Load() }
+
+// ArmPages is the programs' anonymous memory, in pages, at which the run arms (0 or less: it
+// armed from the start).
+func (rt *Runtime) ArmPages() int64 { return rt.armPages }
 
 // ArmWatched reports whether a memory cgroup's thresholds, not polling, say when to arm and
 // when the programs near their cap.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 )
@@ -35,7 +34,8 @@ func TestReadOnlyPagesDroppedClean(t *testing.T) {
 	if err := os.WriteFile(script, []byte(writeOnceProg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--", py, script).CombinedOutput()
+	args, summary := summarized(t, []string{"run", "--local-mem", "16MiB", "--", py, script})
+	out, err := exec.Command(farmemBin(t), args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("farmem run: %v\n%s", err, out)
 	}
@@ -48,14 +48,11 @@ func TestReadOnlyPagesDroppedClean(t *testing.T) {
 	if n := strings.Count(string(out), want); n != 4 {
 		t.Fatalf("%d of 4 hashes right (want %s):\n%s", n, want, out)
 	}
-	m := mustCompile(`evicted: written ([0-9]+), clean dropped ([0-9]+)`).FindStringSubmatch(string(out))
-	if m == nil {
-		t.Fatalf("no eviction figures in the summary:\n%s", out)
-	}
+	e := summary().Evicted
 	// Each of the last three passes evicts most of the 12288 pages again; one whole footprint
 	// dropped clean is well below what they give, and far above the 0 of a guess that feeds itself.
-	if clean, _ := strconv.Atoi(m[2]); clean < 12288 {
-		t.Errorf("%s pages dropped clean, want at least 12288 (48 MiB read three times at a 16 MiB cap):\n%s", m[2], out)
+	if e.DroppedClean < 12288 {
+		t.Errorf("%d pages dropped clean, want at least 12288 (48 MiB read three times at a 16 MiB cap):\n%s", e.DroppedClean, out)
 	}
-	t.Logf("evicted: written %s, clean dropped %s", m[1], m[2])
+	t.Logf("evicted: written %d, dropped clean %d", e.Written, e.DroppedClean)
 }

@@ -12,12 +12,13 @@ import (
 // holds about 32.3 MiB at a 33 MiB cap; with two batches (2 MiB) of room from the start, its
 // loop over the footprint faulted back hundreds of pages at every pass.
 func TestFootprintUnderTheCapNotEvicted(t *testing.T) {
-	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "33MiB", "--",
-		filepath.Join(binDir, "micro"), "--mib", "32", "--pattern", "seq", "--passes", "3").CombinedOutput()
+	args, summary := summarized(t, []string{"run", "--local-mem", "33MiB", "--",
+		filepath.Join(binDir, "micro"), "--mib", "32", "--pattern", "seq", "--passes", "3"})
+	out, err := exec.Command(farmemBin(t), args...).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "micro: OK bad=0") {
 		t.Fatalf("micro under farmem failed: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "backend 0;") || !strings.Contains(string(out), "evicted: written 0, clean dropped 0, zero 0") {
+	if s := summary(); s.Faults["backend"].Count != 0 || s.Evicted.Written+s.Evicted.DroppedClean+s.Evicted.Zero != 0 {
 		t.Fatalf("a footprint under its cap was paged:\n%s", out)
 	}
 }

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/farmem/farmem/launcher"
 )
 
 // Every prefetcher installs pages behind the program's back: the torture (threads, fork,
@@ -21,28 +22,20 @@ func TestPrefetchersKeepDataIntact(t *testing.T) {
 			if mode == "" {
 				mode = "map"
 			}
-			out, peaks := runTorture(t, 16, []string{"--prefetch", name, "--prefetch-mode", mode}, "--mib", "128", "--rounds", "3")
-			if !regexpMatch(`prefetch `+name+` \(`+mode+`[^)]*\): issued [0-9]+, (installed|cached) [1-9]`, out) {
-				t.Fatalf("--prefetch %s placed no page: the test did not exercise it", pf)
+			s, peaks := runTorture(t, 16, []string{"--prefetch", name, "--prefetch-mode", mode}, "--mib", "128", "--rounds", "3")
+			if p := s.Prefetch; p == nil || p.Name != name || p.Mode != mode || p.Placed == 0 {
+				t.Fatalf("--prefetch %s placed no page: the test did not exercise it (%+v)", pf, p)
 			}
-			if mode == "cache" && !regexpMatch(`cache [0-9]+ p50`, out) {
+			if mode == "cache" && s.Faults["cache"].Count == 0 {
 				t.Fatalf("no fault was served from the prefetch cache")
 			}
-			checkCap(t, out, peaks, 16<<20)
+			checkCap(t, s, peaks, 16<<20)
 		})
 	}
 }
 
 // backendFaults is the summary's count of faults served from the backend.
-func backendFaults(t *testing.T, out string) int {
-	t.Helper()
-	m := mustCompile(`faults: zero-fill [0-9]+ \([0-9]+ pages\), backend ([0-9]+);`).FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("no fault counts in the summary")
-	}
-	n, _ := strconv.Atoi(m[1])
-	return n
-}
+func backendFaults(s *launcher.Summary) int { return int(s.Faults["backend"].Count) }
 
 // On a strided walk Leap's predictions are installed before the program touches them: the
 // same walk takes far fewer backend faults than with no prefetcher, and every page verifies.
@@ -65,16 +58,16 @@ func TestLeapPrefetchSavesFaults(t *testing.T) {
 				args = append(args, "--prefetch-mode", mode)
 			}
 		}
-		out, _, err := runSampled(t, append(args, "--",
+		out, s, _, err := runSampled(t, append(args, "--",
 			filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "stride:3", "--passes", "2")...)
 		if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 			t.Fatalf("micro under farmem --prefetch %s: %v", pf, err)
 		}
-		if pf == "default" && !strings.Contains(out, "farmem: prefetch leap (map)") {
-			t.Fatalf("farmem run with no prefetch flag did not prefetch with leap in map mode:\n%s", out)
+		if p := s.Prefetch; pf == "default" && (p == nil || p.Name != "leap" || p.Mode != "map") {
+			t.Fatalf("farmem run with no prefetch flag did not prefetch with leap in map mode: %+v", p)
 		}
-		faults[pf] = backendFaults(t, out)
-		if hit := regexpMatch(`; cache [1-9][0-9]* p50`, out); hit != (mode == "cache") {
+		faults[pf] = backendFaults(s)
+		if hit := s.Faults["cache"].Count > 0; hit != (mode == "cache") {
 			t.Fatalf("--prefetch %s: faults served from the prefetch cache: %v", pf, hit)
 		}
 	}
@@ -93,7 +86,7 @@ func TestLeapPrefetchSavesFaults(t *testing.T) {
 // turns the default prefetcher off (a right guess never faults, so the trace would miss it).
 func TestRecordFaultsReplaysInSim(t *testing.T) {
 	trace := filepath.Join(t.TempDir(), "stride.fmtrace")
-	out, _, err := runSampled(t, "run", "--local-mem", "16MiB", "--record-faults", trace, "--",
+	out, s, _, err := runSampled(t, "run", "--local-mem", "16MiB", "--record-faults", trace, "--",
 		filepath.Join(binDir, "micro"), "--mib", "48", "--pattern", "stride:10", "--passes", "1")
 	if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 		t.Fatalf("micro under farmem --record-faults: %v", err)
@@ -101,10 +94,10 @@ func TestRecordFaultsReplaysInSim(t *testing.T) {
 	if !strings.Contains(out, "faults to "+trace) {
 		t.Fatalf("farmem did not say where the trace went")
 	}
-	if strings.Contains(out, "farmem: prefetch ") {
-		t.Fatalf("--record-faults without --prefetch prefetched:\n%s", out)
+	if s.Prefetch != nil {
+		t.Fatalf("--record-faults without --prefetch prefetched: %+v", s.Prefetch)
 	}
-	run := backendFaults(t, out)
+	run := backendFaults(s)
 	sim, err := exec.Command(farmemBin(t), "sim", "--trace", trace, "--prefetcher", "leap,none", "--mode", "map", "--json").Output()
 	if err != nil {
 		t.Fatalf("farmem sim: %v", err)

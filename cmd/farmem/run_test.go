@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -17,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/farmem/farmem/launcher"
 )
 
 var binDir = func() string { d, _ := filepath.Abs("../../bin"); return d }()
@@ -120,25 +123,23 @@ const capSlack = 4 << 20
 // RssAnon as sampled (peaks). The cgroup's count includes page cache, which nothing caps without
 // memory pressure: a program that writes files (redis's BGSAVE) is checked with
 // checkSampledCap instead.
-func checkCap(t *testing.T, out string, peaks map[int]int64, capBytes int64) {
+func checkCap(t *testing.T, s *launcher.Summary, peaks map[int]int64, capBytes int64) {
 	t.Helper()
-	if mib, ok := cgroupPeak(t, out, capBytes); ok && int64(mib*(1<<20)) > capBytes+capSlack {
-		t.Errorf("the run's memory cgroup peaked at %.1f MiB: more than the cap %d MiB and %d MiB", mib, capBytes>>20, capSlack>>20)
+	if b, ok := cgroupPeak(t, s, capBytes); ok && b > capBytes+capSlack {
+		t.Errorf("the run's memory cgroup peaked at %.1f MiB: more than the cap %d MiB and %d MiB", float64(b)/(1<<20), capBytes>>20, capSlack>>20)
 	}
 	checkSampledCap(t, peaks, capBytes)
 }
 
 // cgroupPeak returns the peak of the run's memory cgroup from farmem's summary, and logs it.
-func cgroupPeak(t *testing.T, out string, capBytes int64) (mib float64, ok bool) {
+func cgroupPeak(t *testing.T, s *launcher.Summary, capBytes int64) (bytes int64, ok bool) {
 	t.Helper()
-	m := mustCompile(`memory cgroup peak: ([0-9.]+) MiB`).FindStringSubmatch(out)
-	if m == nil {
+	if s.CgroupPeakBytes == nil {
 		t.Logf("no memory cgroup peak in the summary (no cgroup v1 memory controller): only RssAnon samples")
 		return 0, false
 	}
-	mib, _ = strconv.ParseFloat(m[1], 64)
-	t.Logf("the run's memory cgroup peaked at %.1f MiB (cap %d MiB)", mib, capBytes>>20)
-	return mib, true
+	t.Logf("the run's memory cgroup peaked at %.1f MiB (cap %d MiB)", float64(*s.CgroupPeakBytes)/(1<<20), capBytes>>20)
+	return *s.CgroupPeakBytes, true
 }
 
 // checkSampledCap fails the test if a process's peak RssAnon, as sampled, exceeds the cap and
@@ -159,14 +160,9 @@ func checkSampledCap(t *testing.T, peaks map[int]int64, capBytes int64) {
 // checkSeen fails the test unless the run saw the program's mappings as they were made: the
 // mapping filter handed over glibc's internal mmap and brk calls, and the rescan found (next to)
 // nothing written where no fault could have held it back.
-func checkSeen(t *testing.T, out string) {
+func checkSeen(t *testing.T, s *launcher.Summary) {
 	t.Helper()
-	m := mustCompile(`mappings: ([0-9]+) seen as they were made, ([0-9]+) pages found already written`).FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("no mappings line in the summary")
-	}
-	seen, _ := strconv.Atoi(m[1])
-	unseen, _ := strconv.Atoi(m[2])
+	seen, unseen := s.MappingsSeen, s.UnseenPages
 	if seen == 0 {
 		t.Errorf("the mapping filter handed over none of glibc's mmap/brk calls")
 	}
@@ -175,10 +171,11 @@ func checkSeen(t *testing.T, out string) {
 	}
 }
 
-// runSampled runs farmem with args, sampling every process's RssAnon, and returns its output,
-// the peaks, and how it exited.
-func runSampled(t *testing.T, args ...string) (string, map[int]int64, error) {
+// runSampled runs farmem with args (farmem run's, --summary-json added), sampling every
+// process's RssAnon, and returns its output, its summary, the peaks, and how it exited.
+func runSampled(t *testing.T, args ...string) (string, *launcher.Summary, map[int]int64, error) {
 	t.Helper()
+	args, summary := summarized(t, args)
 	cmd := exec.Command(farmemBin(t), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -189,44 +186,44 @@ func runSampled(t *testing.T, args ...string) (string, map[int]int64, error) {
 	err := cmd.Wait()
 	peaks := s.finish()
 	t.Logf("%s", out.String())
-	return out.String(), peaks, err
+	return out.String(), summary(), peaks, err
 }
 
 // runTorture runs the integrity torture under farmem at capMiB (with farmem's flags) and returns
-// farmem's output and the peak RssAnon of each process; it fails the test unless every unit
+// farmem's summary and the peak RssAnon of each process; it fails the test unless every unit
 // verified.
-func runTorture(t *testing.T, capMiB int, flags []string, args ...string) (string, map[int]int64) {
+func runTorture(t *testing.T, capMiB int, flags []string, args ...string) (*launcher.Summary, map[int]int64) {
 	t.Helper()
 	argv := append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB)}, flags...)
 	argv = append(append(argv, "--", filepath.Join(binDir, "torture"), "--quiet"), args...)
-	out, peaks, err := runSampled(t, argv...)
+	out, s, peaks, err := runSampled(t, argv...)
 	if err != nil {
 		t.Fatalf("torture under farmem failed: %v", err)
 	}
 	if !strings.Contains(out, "torture: OK") || !strings.Contains(out, "bad=0") {
 		t.Fatalf("torture did not report OK")
 	}
-	return out, peaks
+	return s, peaks
 }
 
 // Test 1 and 4: the integrity torture at ~10% of its footprint; every unit verified, and the
 // cap measured from the kernel.
 func TestTortureUnderCap(t *testing.T) {
 	const capMiB = 16
-	out, peaks := runTorture(t, capMiB, nil, "--mib", "160", "--rounds", "5")
-	if !strings.Contains(out, "armed from the start") {
+	s, peaks := runTorture(t, capMiB, nil, "--mib", "160", "--rounds", "5")
+	if !s.Armed || s.ArmedAtBytes != 0 {
 		t.Fatalf("a 16MiB cap must arm at once (it is within the arming margin)")
 	}
-	if !regexpMatch(`backend [1-9]`, out) {
+	if s.Faults["backend"].Count == 0 {
 		t.Fatalf("no page came back from the backend: the cap did not force eviction")
 	}
 	// Both ways out of the program ran (evictor's doc): moving (the torture's pages before its
 	// fork) and dropping (the pages its fork child still shares: EBUSY). UFFDIO_MOVE is 6.8's.
-	if kernelAtLeast(t, 6, 8) && !regexpMatch(`, [1-9][0-9]?% of pages moved out`, out) {
+	if kernelAtLeast(t, 6, 8) && !someMovedOut(s) {
 		t.Fatalf("want some pages moved out by the agent (UFFDIO_MOVE) and some dropped")
 	}
-	checkCap(t, out, peaks, capMiB<<20)
-	checkSeen(t, out)
+	checkCap(t, s, peaks, capMiB<<20)
+	checkSeen(t, s)
 }
 
 // Evicted pages compressed by the embedded store come back intact, and smaller while away:
@@ -234,19 +231,18 @@ func TestTortureUnderCap(t *testing.T) {
 func TestCompressedStore(t *testing.T) {
 	for _, codec := range []string{"lz4", "zstd"} {
 		t.Run(codec, func(t *testing.T) {
-			out, peaks, err := runSampled(t, "run", "--local-mem", "16MiB", "--compress", codec, "--",
+			out, s, peaks, err := runSampled(t, "run", "--local-mem", "16MiB", "--compress", codec, "--",
 				filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "2")
 			if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 				t.Fatalf("micro under farmem --compress %s: %v", codec, err)
 			}
-			m := mustCompile(`backend peak: [0-9]+ pages in [0-9]+ KiB \(([0-9.]+)x\)`).FindStringSubmatch(out)
-			if m == nil {
+			if s.BackendPeakPages == 0 {
 				t.Fatalf("no backend peak in the summary: nothing was evicted")
 			}
-			if ratio, _ := strconv.ParseFloat(m[1], 64); ratio <= 1.2 {
+			if ratio := float64(s.BackendPeakPages*4096) / float64(max(s.BackendPeakBytes, 1)); ratio <= 1.2 {
 				t.Fatalf("%s kept micro's pages at %.2fx: not compressed", codec, ratio)
 			}
-			checkCap(t, out, peaks, 16<<20)
+			checkCap(t, s, peaks, 16<<20)
 		})
 	}
 }
@@ -255,33 +251,33 @@ func TestCompressedStore(t *testing.T) {
 // adopted, evicted and come back intact, and the cap still holds.
 func TestTortureArmsMidRun(t *testing.T) {
 	const capMiB = 64
-	out, peaks := runTorture(t, capMiB, nil, "--mib", "128", "--rounds", "3")
-	if !regexpMatch(`armed at [1-9][0-9]* MiB`, out) {
+	s, peaks := runTorture(t, capMiB, nil, "--mib", "128", "--rounds", "3")
+	if !s.Armed || s.ArmedAtBytes < 1<<20 {
 		t.Fatalf("the run did not arm on its way past the cap")
 	}
-	if canWatchArming() && !strings.Contains(out, "a memory cgroup threshold watched for it") {
+	if canWatchArming() && !s.ArmWatched {
 		t.Fatalf("the run polled for its arming threshold where a memory cgroup could watch for it")
 	}
-	if !regexpMatch(`backend [1-9]`, out) {
+	if s.Faults["backend"].Count == 0 {
 		t.Fatalf("no page came back from the backend: the cap did not force eviction")
 	}
 	// Both ways out of the program ran (evictor's doc): moving (the torture's pages before its
 	// fork) and dropping (the pages its fork child still shares: EBUSY). UFFDIO_MOVE is 6.8's.
-	if kernelAtLeast(t, 6, 8) && !regexpMatch(`, [1-9][0-9]?% of pages moved out`, out) {
+	if kernelAtLeast(t, 6, 8) && !someMovedOut(s) {
 		t.Fatalf("want some pages moved out by the agent (UFFDIO_MOVE) and some dropped")
 	}
-	checkCap(t, out, peaks, capMiB<<20)
-	checkSeen(t, out)
+	checkCap(t, s, peaks, capMiB<<20)
+	checkSeen(t, s)
 }
 
 // Below the cap nothing is registered and fork children (the torture forks every round) start
 // afresh, with no FORK event to wait for; their data is the parent's.
 func TestTortureBelowCapNeverArms(t *testing.T) {
-	out, _ := runTorture(t, 1024, nil, "--mib", "64", "--rounds", "3")
-	if !strings.Contains(out, "not armed") {
+	s, _ := runTorture(t, 1024, nil, "--mib", "64", "--rounds", "3")
+	if s.Armed {
 		t.Fatalf("a run far below its cap armed")
 	}
-	if canWatchArming() && !strings.Contains(out, "a memory cgroup threshold watched for it") {
+	if canWatchArming() && !s.ArmWatched {
 		t.Fatalf("the run polled for its arming threshold where a memory cgroup could watch for it")
 	}
 }
@@ -293,8 +289,11 @@ func canWatchArming() bool {
 	return err == nil && os.Geteuid() == 0
 }
 
-func regexpMatch(pat, s string) bool {
-	return mustCompile(pat).MatchString(s)
+// someMovedOut reports whether the agent moved out some of the evicted pages (UFFDIO_MOVE) and
+// the drop way took the others: between 1 and 99 % of them moved, rounded.
+func someMovedOut(s *launcher.Summary) bool {
+	pct := math.Round(100 * float64(s.Batches.Staged) / float64(max(s.Evicted.Written+s.Evicted.DroppedClean+s.Evicted.Zero, 1)))
+	return pct >= 1 && pct <= 99
 }
 
 // Test 2: redis-server with its heap mostly evicted keeps its data through a full read pass,
@@ -304,9 +303,10 @@ func TestRedisDigest(t *testing.T) {
 	dir := t.TempDir()
 	port := freePort(t)
 	const capMiB = 24
-	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
+	args, summary := summarized(t, []string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
 		"redis-server", "--port", strconv.Itoa(port), "--save", "", "--appendonly", "no",
-		"--enable-debug-command", "yes", "--dir", dir, "--bind", "127.0.0.1")
+		"--enable-debug-command", "yes", "--dir", dir, "--bind", "127.0.0.1"})
+	cmd := exec.Command(farmemBin(t), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -362,7 +362,7 @@ func TestRedisDigest(t *testing.T) {
 	}
 	// The cgroup's peak holds the page cache of the RDB file BGSAVE writes and RELOAD reads: it
 	// is logged, and the anonymous memory is checked by samples.
-	cgroupPeak(t, out.String(), capMiB<<20)
+	cgroupPeak(t, summary(), capMiB<<20)
 	checkSampledCap(t, peaks, capMiB<<20)
 }
 
@@ -372,8 +372,9 @@ func TestMemcachedValues(t *testing.T) {
 	need(t, "memcached")
 	port := freePort(t)
 	const capMiB = 24
-	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
-		"memcached", "-p", strconv.Itoa(port), "-U", "0", "-l", "127.0.0.1", "-m", "1024", "-u", "root", "-t", "2")
+	args, summary := summarized(t, []string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--",
+		"memcached", "-p", strconv.Itoa(port), "-U", "0", "-l", "127.0.0.1", "-m", "1024", "-u", "root", "-t", "2"})
+	cmd := exec.Command(farmemBin(t), args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -442,10 +443,11 @@ func TestMemcachedValues(t *testing.T) {
 	if bad != 0 {
 		t.Fatalf("%d of %d values missing or wrong", bad, n)
 	}
-	if !regexpMatch(`backend [1-9]`, out.String()) {
+	sum := summary()
+	if sum.Faults["backend"].Count == 0 {
 		t.Fatalf("memcached was never paged (rescan did not register glibc's heap?): %s", out.String())
 	}
-	checkCap(t, out.String(), peaks, capMiB<<20)
+	checkCap(t, sum, peaks, capMiB<<20)
 }
 
 // Test 5: if the runtime dies, the program dies too; it never runs on zeros.

@@ -63,8 +63,9 @@ func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 		t.Errorf("the memory server does not say where its spans go:\n%s", memLog.String())
 	}
 
-	cmd := exec.Command(farmemBin(t), "run", "--ctrl", addr, "--token-file", tok, "--otlp", sinkAddr, "--trace-sample", "1",
-		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1")
+	args, summary := summarized(t, []string{"run", "--ctrl", addr, "--token-file", tok, "--otlp", sinkAddr, "--trace-sample", "1",
+		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1"})
+	cmd := exec.Command(farmemBin(t), args...)
 	cmd.Env = cleanEnv()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -77,11 +78,10 @@ func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 	// farmem run flushed its spans at exit; the memory server exports in batches (a second).
 	// Every backend fault was traced, and its read: the server's spans keep coming until it has
 	// exported one per backend fault.
-	m := mustCompile(`faults: zero-fill [0-9]+ \([0-9]+ pages\), backend ([0-9]+)`).FindStringSubmatch(out.String())
-	if m == nil || m[1] == "0" {
+	backendFaults := int(summary().Faults["backend"].Count)
+	if backendFaults == 0 {
 		t.Fatalf("the run served no backend fault: the test does not page")
 	}
-	backendFaults, _ := strconv.Atoi(m[1])
 	var joined, serverReads int
 	var why string
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {

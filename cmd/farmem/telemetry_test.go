@@ -28,6 +28,8 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/farmem/farmem/launcher"
 )
 
 // otlpSink keeps everything an OTLP receiver was sent.
@@ -233,25 +235,24 @@ func (s *otlpSink) lastHistogramCounts(name, key string) map[string]uint64 {
 	return out
 }
 
-// summaryFaults parses the summary's fault-service counts by source.
-func summaryFaults(t *testing.T, out string) map[string]int64 {
-	t.Helper()
-	i := strings.Index(out, "farmem: fault service")
-	if i < 0 {
-		t.Fatalf("no fault service line in the summary")
-	}
-	line := out[i:]
-	line = line[:strings.IndexByte(line, '\n')]
+// summaryFaults is the summary's count of faults by source, named as the metrics name them.
+func summaryFaults(s *launcher.Summary) map[string]int64 {
 	got := map[string]int64{}
-	for _, m := range mustCompile(`; (zero|backend|wp|cache) ([0-9]+) p50`).FindAllStringSubmatch(line, -1) {
-		n, _ := strconv.ParseInt(m[2], 10, 64)
-		name := m[1]
+	for name, h := range s.Faults {
 		if name == "cache" {
 			name = "prefetch-cache" // what the metrics call it
 		}
-		got[name] = n
+		got[name] = int64(h.Count)
 	}
 	return got
+}
+
+// runMicroSummary is runMicro with --summary-json: it returns the run's summary too.
+func runMicroSummary(t *testing.T, env []string, flags ...string) (string, *launcher.Summary) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "summary.json")
+	out := runMicro(t, env, append([]string{"--summary-json", path}, flags...)...)
+	return out, readSummary(t, path)
 }
 
 // runMicro runs micro under farmem at a 16 MiB cap with extra flags and environment; it fails
@@ -394,7 +395,7 @@ func keys[V any](m map[string]V) []string {
 // exported fault counts and latency histogram equal the run's summary.
 func TestOTLPGRPCTracesAndMetrics(t *testing.T) {
 	addr, sink := startGRPCSink(t)
-	out := runMicro(t, nil, "--otlp", addr, "--trace-sample", "1", "--prefetch", "leap")
+	_, sum := runMicroSummary(t, nil, "--otlp", addr, "--trace-sample", "1", "--prefetch", "leap")
 	checkFaultSpans(t, sink, "farmem", true)
 	var pf int
 	for _, sp := range sink.spans() {
@@ -405,7 +406,7 @@ func TestOTLPGRPCTracesAndMetrics(t *testing.T) {
 	if pf == 0 {
 		t.Fatalf("no prefetch batch span under a fault (leap on a sequential walk)")
 	}
-	want := summaryFaults(t, out)
+	want := summaryFaults(sum)
 	got := sink.lastSums("farmem.faults", "source")
 	hist := sink.lastHistogramCounts("farmem.fault.latency", "source")
 	t.Logf("summary %v; farmem.faults %v; farmem.fault.latency counts %v", want, got, hist)
@@ -418,9 +419,8 @@ func TestOTLPGRPCTracesAndMetrics(t *testing.T) {
 		}
 	}
 	ev := sink.lastSums("farmem.evictions", "outcome")
-	m := mustCompile(`evicted: written ([0-9]+), clean dropped ([0-9]+)`).FindStringSubmatch(out)
-	if m == nil || strconv.FormatInt(ev["written"], 10) != m[1] || strconv.FormatInt(ev["clean_dropped"], 10) != m[2] {
-		t.Errorf("farmem.evictions %v, summary %v", ev, m)
+	if ev["written"] != sum.Evicted.Written || ev["clean_dropped"] != sum.Evicted.DroppedClean {
+		t.Errorf("farmem.evictions %v, summary %+v", ev, sum.Evicted)
 	}
 }
 
@@ -549,7 +549,7 @@ func TestTelemetryBadInput(t *testing.T) {
 		if n := strings.Count(out, "farmem: telemetry:"); n != 1 {
 			t.Errorf("%s endpoint %s down: %d telemetry warnings, want exactly 1:\n%s", proto, dead, n, out)
 		}
-		if !strings.Contains(out, "farmem: fault service") {
+		if !strings.Contains(out, "farmem: held micro to 16 MiB") {
 			t.Errorf("no summary after a run whose collector was down")
 		}
 	}
@@ -559,7 +559,7 @@ func TestTelemetryBadInput(t *testing.T) {
 // summary's, and --quiet does not turn it off.
 func TestLatencyOut(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lat.csv")
-	out := runMicro(t, nil, "--prefetch", "none", "--latency-out", path)
+	_, sum := runMicroSummary(t, nil, "--prefetch", "none", "--latency-out", path)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -582,19 +582,14 @@ func TestLatencyOut(t *testing.T) {
 		}
 		counts[f[0]] += n
 	}
-	m := mustCompile(`backend ([0-9]+) p50`).FindStringSubmatch(out)
-	ev := mustCompile(`eviction batches ([0-9]+) `).FindStringSubmatch(out)
-	if m == nil || ev == nil || strconv.FormatInt(counts["backend"], 10) != m[1] || strconv.FormatInt(counts["eviction-batch"], 10) != ev[1] {
-		t.Fatalf("--latency-out counts %v, the summary's backend faults %v and batches %v", counts, m, ev)
+	m, ev := int64(sum.Faults["backend"].Count), sum.Batches.Count
+	if m == 0 || ev == 0 || counts["backend"] != m || counts["eviction-batch"] != ev {
+		t.Fatalf("--latency-out counts %v, the summary's backend faults %d and batches %d", counts, m, ev)
 	}
 	// The faults held before service: the summary's count of each reason is the file's.
 	for _, why := range []string{"room", "busy", "event"} {
-		want := "0"
-		if m := mustCompile(`faults held .*[:,] ` + why + ` ([0-9]+) p50`).FindStringSubmatch(out); m != nil {
-			want = m[1]
-		}
-		if got := strconv.FormatInt(counts["held-"+why], 10); got != want {
-			t.Fatalf("--latency-out holds %s faults held for %s, the summary %s", got, why, want)
+		if got, want := counts["held-"+why], int64(sum.Held[why].Count); got != want {
+			t.Fatalf("--latency-out holds %d faults held for %s, the summary %d", got, why, want)
 		}
 	}
 	os.Remove(path)

@@ -107,8 +107,9 @@ func TestMemserverSHMTransport(t *testing.T) {
 	mem := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	start("shm memserver", "memserver", "--listen", mem, "--capacity", "256MiB", "--ctrl", addr, "--token-file", tok, "--shm", shmDir, "--spin", "50us")
 	waitFor("the shm memory server up", healthy(mem))
-	cmd := exec.Command(farmemBin(t), "run", "--ctrl", addr, "--token-file", tok, "--transport", "shm", "--shm", shmDir,
-		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "2")
+	args, summary := summarized(t, []string{"run", "--ctrl", addr, "--token-file", tok, "--transport", "shm", "--shm", shmDir,
+		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "2"})
+	cmd := exec.Command(farmemBin(t), args...)
 	out, err = cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil || !strings.Contains(string(out), "micro: OK bad=0") {
@@ -117,7 +118,7 @@ func TestMemserverSHMTransport(t *testing.T) {
 	if !strings.Contains(string(out), "memory server "+mem+" is on this host: shared memory through "+shmSocket(shmDir, mem)) {
 		t.Fatalf("the run did not use shared memory for %s", mem)
 	}
-	if !strings.Contains(string(out), "backend") || strings.Contains(string(out), "backend 0;") {
+	if summary().Faults["backend"].Count == 0 {
 		t.Fatalf("micro never faulted a page back from the memory server")
 	}
 	if _, err := os.Stat(shmSocket(shmDir, mem)); err != nil {
