@@ -63,6 +63,8 @@ type Summary struct {
 	// PeakAnonBytes: the highest anonymous RSS of all processes together that the RSS poll saw
 	// (a page shared with a fork child counts in each).
 	PeakAnonBytes int64 `json:"peak_anon_bytes"`
+	// Processes: how many processes the run served (the program, images it exec'd, fork children).
+	Processes int64 `json:"processes"`
 	// CgroupPeakBytes: the exact peak of the run's memory cgroup, the kernel's count of the
 	// program and its children (anonymous memory, page cache, kernel memory); absent without a
 	// cgroup of the run's own.
@@ -144,6 +146,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(),
 		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
 		BytesIn: rt.BytesIn(), BytesOut: rt.BytesOut(), PeakAnonBytes: s.PeakAnonPages.Load() * runtime.PageSize,
+		Processes: s.Processes.Load(),
 	}
 	if f := rt.Failure(); f != nil {
 		out.Failure = f.Error()
@@ -219,8 +222,11 @@ func summaryLines(s *Summary) []string {
 		// An eviction batch's pages leave the count the cap keeps when they are stored, and the
 		// kernel's when the program's agent drops them, a moment later; the sampled peak adds up
 		// each process's own count, so a page a fork child shares counts in both.
-		line("its anonymous memory went %s over the cap: pages being evicted count until their batch drops them, and a fork child's shared pages twice",
-			size(over))
+		why := "pages being evicted count until their batch drops them"
+		if s.Processes > 1 {
+			why += ", and a page a fork child shares counts in each process"
+		}
+		line("its anonymous memory went %s over the cap: %s", size(over), why)
 	}
 
 	// Pages in and out, one count each.

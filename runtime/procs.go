@@ -22,6 +22,7 @@ func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	rt.Stats.Processes.Add(1)
 	p.pid.Store(int32(pid))
 	rt.mu.Lock()
 	old := rt.byPid[pid] // an exec replaced the old image: its mm is gone
@@ -48,6 +49,7 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 		parent.Fail(err)
 		return
 	}
+	rt.Stats.Processes.Add(1)
 	// The kernel copied the parent's registrations to the child's uffd: the child's rescan
 	// must not take them for mappings it has never seen.
 	parent.regMu.Lock()

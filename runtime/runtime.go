@@ -66,6 +66,9 @@ type Stats struct {
 	// UnseenPages the pages the rescan found already present in mappings it registered once
 	// armed: what the program wrote where no fault could hold it back.
 	MappingsSeen, UnseenPages atomic.Int64
+	// Processes is how many processes the run served: the program, each image it exec'd and
+	// each fork child.
+	Processes atomic.Int64
 }
 
 // Runtime owns every process of one `farmem run`: see the package doc.
