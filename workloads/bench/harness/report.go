@@ -726,7 +726,7 @@ func peakNote(rs []result) string {
 	var s string
 	sampled := slices.ContainsFunc(rs, func(r result) bool { return r.cfg.kind == "farmem" && !r.peakCgroup && r.peakB > 0 })
 	if sampled {
-		s = "Peak MiB is measured differently on the two sides in some rows (the CSV's peak_source says which). Where farmem's is \"sampled\", it is the program's peak anonymous RSS as farmem's own sampling of it saw it (its summary's `peak anonymous RSS`: samples, so a peak between two of them is missed, and whole MiB). Swap's, and farmem's where it is \"cgroup\", is the kernel's exact maximum of the program's memory cgroup's charge (`memory.max_usage_in_bytes`), which counts page cache and kernel memory too."
+		s = "Peak MiB is measured differently on the two sides in some rows (the CSV's peak_source says which). Where farmem's is \"sampled\", it is the program's peak anonymous RSS as farmem's own sampling of it saw it (its summary's `peak anonymous RSS`, or `peak_anon_bytes` in its `--summary-json`: samples, so a peak between two of them is missed, and whole MiB). Swap's, and farmem's where it is \"cgroup\", is the kernel's exact maximum of the program's memory cgroup's charge (`memory.max_usage_in_bytes`), which counts page cache and kernel memory too."
 	} else {
 		s = "Peak MiB is the kernel's exact maximum of the program's memory cgroup's charge (`memory.max_usage_in_bytes`) on both sides: anonymous memory, page cache and kernel memory. farmem's cap holds only anonymous memory, so its peak may exceed the cap by the rest; the swap runs' cgroup limit is the cap plus the kernel memory the native run was charged."
 	}
