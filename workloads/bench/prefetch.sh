@@ -322,20 +322,17 @@ for wl in $workloads; do
         log=$work/$wl-$pct-${cfg//[:\/]/-}-$r.log
         warm "$wl"
         # shellcheck disable=SC2046
-        run_wl "$wl" "$log" $farmem run $(prefetch_flags "$cfg") --local-mem "${cap}MiB" --
+        run_wl "$wl" "$log" $farmem run $(prefetch_flags "$cfg") --local-mem "${cap}MiB" --summary-json "$log.json" --
         if [ $hung = 1 ]; then
           echo "$wl $pct $cfg $r $log" >>"$hungs"
           printf 'prefetch.sh: [%d/%d] %s %s%% %s round %d: HUNG, stopped after %.0f s (log: %s)\n' $i $total "$wl" "$pct" "$cfg" "$r" "$secs" "$log" >&2
           continue
         fi
-        backend=$(sed -n 's/.*faults: zero-fill [0-9]* ([0-9]* pages), backend \([0-9]*\);.*/\1/p' "$log" | head -1)
-        [ -n "$backend" ] || fail "$log" "no farmem summary (faults: ...) in the log"
-        # map mode: "issued X, installed Y, used Z"; cache mode: "issued X, cached Y, used Z"
-        pf=$(sed -En 's/.*farmem: prefetch [^:]*: issued ([0-9]+), (installed|cached) ([0-9]+), used ([0-9]+).*/\1 \3 \4/p' "$log" | head -1)
-        if [ -z "$pf" ]; then
-          [ "$cfg" = none ] || echo "prefetch.sh: warning: no 'farmem: prefetch' line in $log (counted as 0)" >&2
-          pf="0 0 0"
-        fi
+        # farmem's numbers, raw, from its --summary-json (placed: installed in map mode, cached in
+        # cache mode).
+        backend=$(jq -r '.faults.backend.count' "$log.json" 2>/dev/null || true)
+        [ -n "$backend" ] && [ "$backend" != null ] || fail "$log" "no farmem --summary-json ($log.json)"
+        pf=$(jq -r 'if .prefetch then "\(.prefetch.issued) \(.prefetch.placed) \(.prefetch.used)" else "0 0 0" end' "$log.json")
         ops=-
         if [ "$wl" = redis ]; then ops=$(sed -n 's/^redisdrive: run .* ops_per_sec=\([0-9]*\)$/\1/p' "$log" | head -1); fi
         echo "$wl $pct $cfg $r $secs $backend $pf $ops" >>"$raw"

@@ -21,24 +21,27 @@ mkdir -p "$(dirname "$out")"
 
 peak_mib() { echo $(( (keys * (size + 100)) / 1048576 + 16 )); }
 
-# quantile LOG SOURCE Q: the fault-service latency farmem's summary reports, in microseconds.
+# Each farmem run writes its summary, in raw numbers, here (--summary-json).
+summary=/tmp/farmem-bench-summary.$$.json
+trap 'rm -f "$summary"' EXIT
+
+# quantile SOURCE Q: the fault-service latency (Q: p50 or p99) of SOURCE's faults in the last
+# farmem run, in microseconds; "-" for a run without farmem or without such faults.
 quantile() {
   local v
-  v=$(grep -o "$2 [0-9]* p50 [^;]*" "$1" | head -1 | awk -v q="$3" '{for (i = 3; i < NF; i += 2) if ($i == q) print $(i+1)}')
+  [ -s "$summary" ] || { echo "-"; return; }
+  v=$(jq -r --arg s "$1" --arg q "$2" '.faults[$s] | if . == null or .count == 0 then "-" else (.[$q + "_ns"] / 1000) end' "$summary")
   case "$v" in
-    "") echo "-"; return ;;
-    *ms) v=$(echo "${v%ms} * 1000" | bc) ;;
-    *µs) v=${v%µs} ;;
-    *ns) v=$(echo "scale=3; ${v%ns} / 1000" | bc) ;;
-    *s) v=$(echo "${v%s} * 1000000" | bc) ;;
+    -) echo "-" ;;
+    *) printf '%.1f\n' "$v" ;;
   esac
-  printf '%.1f\n' "$v"
 }
 
 run_one() { # name, launcher prefix...
   local name=$1; shift
   local log=/tmp/farmem-bench-$name.log
   dd if=/dev/zero of=/dev/null bs=1G count=1 2>/dev/null
+  rm -f "$summary"
   "$@" redis-server --port $port --save '' --appendonly no --enable-debug-command yes --bind 127.0.0.1 >"$log" 2>&1 &
   local pid=$!
   local up=0
@@ -78,7 +81,7 @@ run_one() { # name, launcher prefix...
     tail -5 "$log" >&2
     exit 1
   fi
-  echo "$name|$pop|$rss|$set|$get|$(quantile "$log" zero p50)|$(quantile "$log" zero p99)|$(quantile "$log" backend p50)|$(quantile "$log" backend p99)|$((keys + seen))"
+  echo "$name|$pop|$rss|$set|$get|$(quantile zero p50)|$(quantile zero p99)|$(quantile backend p50)|$(quantile backend p99)|$((keys + seen))"
 }
 
 # fail NAME PID LOG WHY: the run is not a result; stop redis (and farmem) and the benchmark.
@@ -114,11 +117,11 @@ if [ $quarter -lt 16 ]; then
 fi
 names=(plain farmem-nopaging "farmem-50%(${half}MiB)" "farmem-25%(${quarter}MiB)" "farmem-25%-lz4" "farmem-25%-zstd")
 prefix=(env
-  "bin/farmem run --local-mem $((peak * 2))MiB --"
-  "bin/farmem run --local-mem ${half}MiB --"
-  "bin/farmem run --local-mem ${quarter}MiB --"
-  "bin/farmem run --compress lz4 --local-mem ${quarter}MiB --"
-  "bin/farmem run --compress zstd --local-mem ${quarter}MiB --")
+  "bin/farmem run --summary-json $summary --local-mem $((peak * 2))MiB --"
+  "bin/farmem run --summary-json $summary --local-mem ${half}MiB --"
+  "bin/farmem run --summary-json $summary --local-mem ${quarter}MiB --"
+  "bin/farmem run --summary-json $summary --compress lz4 --local-mem ${quarter}MiB --"
+  "bin/farmem run --summary-json $summary --compress zstd --local-mem ${quarter}MiB --")
 only=${ONLY:-0 1 2 3 4 5}
 case " $only " in *" 0 "*) ;; *) only="0 $only" ;; esac # ratios need plain
 sel=()

@@ -111,13 +111,13 @@ until ./farmem status --ctrl 127.0.0.1:7000 --token-file token 2>/dev/null | gre
   i=\$((i + 1)); [ \$i -lt 100 ] || { cat /tmp/ctrl.log /tmp/memserver.log; echo "RDMA-E2E: FAIL the memory server did not register"; exit 1; }
   sleep 0.2
 done
-./farmem run --ctrl 127.0.0.1:7000 --token-file token --transport rdma --local-mem 16MiB -- \
+./farmem run --ctrl 127.0.0.1:7000 --token-file token --transport rdma --local-mem 16MiB --summary-json /tmp/summary.json -- \
   ./micro --mib 64 --pattern random --passes 1 > /tmp/run.log 2>&1
 rc=\$?
 cat /tmp/run.log
 [ \$rc = 0 ] || { cat /tmp/memserver.log; echo "RDMA-E2E: FAIL farmem run exited \$rc"; exit 1; }
 grep -q '^micro: OK bad=0' /tmp/run.log || { echo "RDMA-E2E: FAIL micro did not verify its pages"; exit 1; }
-grep -Eq 'backend [1-9][0-9]*;' /tmp/run.log || { echo "RDMA-E2E: FAIL no fault was served from the memory server"; exit 1; }
+grep -A1 '"backend": {' /tmp/summary.json | grep -Eq '"count": [1-9]' || { cat /tmp/summary.json; echo "RDMA-E2E: FAIL no fault was served from the memory server"; exit 1; }
 echo "RDMA-E2E: PASS"
 RUN
 "$here/mkinitramfs.sh" "$work/initrd.gz" "$cache/mods" "$work/probe" "$work/fabric.test" "$work/farmem" "$work/micro" "$work/token" "$work/run"
