@@ -382,7 +382,7 @@ changed=$(git status --porcelain -- . ':!results' 2>/dev/null | awk '{print $2}'
   echo "## Traces replayed (\`farmem sim --prefetcher all --json\`)"
   echo
   echo "Each trace was recorded with \`farmem run --prefetch none --record-faults\` at the 25 % cap."
-  echo "Each prefetcher is scored in both modes. map is what \\`farmem run\\` does by default: predicted"
+  echo "Each prefetcher is scored in both modes. map is what \`farmem run\` does by default: predicted"
   echo "pages are installed (at most 32 a fault), a touch of one is an unseen hit, and the prefetcher"
   echo "is fed the hits inferred from where the next miss lands. cache is Leap's model: predicted pages"
   echo "go to a FIFO prefetch cache (at most 8 a fault), and a fault that finds its page there is a hit"
