@@ -105,20 +105,26 @@ func readSummary(t *testing.T, path string) *launcher.Summary {
 	return &s
 }
 
+// runMicroSummarized runs micro with args under farmem at capacity, and returns what farmem and
+// micro printed and farmem's --summary-json; it fails the test unless micro verified its pages.
+func runMicroSummarized(t *testing.T, capacity string, args ...string) (string, *launcher.Summary) {
+	t.Helper()
+	argv, summary := summarized(t, append([]string{"run", "--local-mem", capacity, "--", filepath.Join(binDir, "micro")}, args...))
+	b, err := exec.Command(farmemBin(t), argv...).CombinedOutput()
+	out := string(b)
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(out, "micro: OK bad=0") {
+		t.Fatalf("micro under farmem: %v", err)
+	}
+	return out, summary()
+}
+
 // The summary on stderr, for a run that armed on its way past the cap and paged with the
 // default prefetcher, and for one that never armed: a line when the run arms, then a few short
 // lines in plain words whose numbers are --summary-json's.
 func TestHumanSummary(t *testing.T) {
 	t.Run("paged", func(t *testing.T) {
-		args, summary := summarized(t, []string{"run", "--local-mem", "48MiB", "--",
-			filepath.Join(binDir, "micro"), "--mib", "80", "--pattern", "seq", "--passes", "2"})
-		b, err := exec.Command(farmemBin(t), args...).CombinedOutput()
-		out := string(b)
-		t.Logf("%s", out)
-		if err != nil || !strings.Contains(out, "micro: OK bad=0") {
-			t.Fatalf("micro under farmem: %v", err)
-		}
-		s := summary()
+		out, s := runMicroSummarized(t, "48MiB", "--mib", "80", "--pattern", "seq", "--passes", "2")
 		if !s.Armed || s.ArmedAtBytes == 0 || s.Faults["backend"].Count == 0 || s.Prefetch == nil {
 			t.Fatalf("the run did not arm on its way, page and prefetch: %+v", s)
 		}
@@ -130,15 +136,7 @@ func TestHumanSummary(t *testing.T) {
 		checkHumanSummary(t, out, s)
 	})
 	t.Run("never armed", func(t *testing.T) {
-		args, summary := summarized(t, []string{"run", "--local-mem", "512MiB", "--",
-			filepath.Join(binDir, "micro"), "--mib", "8", "--pattern", "seq", "--passes", "1"})
-		b, err := exec.Command(farmemBin(t), args...).CombinedOutput()
-		out := string(b)
-		t.Logf("%s", out)
-		if err != nil || !strings.Contains(out, "micro: OK bad=0") {
-			t.Fatalf("micro under farmem: %v", err)
-		}
-		s := summary()
+		out, s := runMicroSummarized(t, "512MiB", "--mib", "8", "--pattern", "seq", "--passes", "1")
 		if s.Armed {
 			t.Fatalf("8 MiB armed at a 512 MiB cap")
 		}
