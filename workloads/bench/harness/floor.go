@@ -230,6 +230,35 @@ func (h *harness) floorSection(p func(string, ...any), wls []workload, pcts []in
 	p("\nThe floor's fault round trip is its handler's median (`read` returning to the install's return) plus its mean `UFFDIO_WAKE`: the floor installs without waking and wakes apart, because on one CPU the woken thread preempts the pager inside the ioctl that wakes it and runs until it blocks again (its next fault), so the wake holds the switch to the program and its next stretch of work. farmem installs and wakes in one ioctl and its fault service (its summary's backend p50) holds the same; the two are alike, not identical (a median against a median plus a mean), and the program's own work between faults is in both. The floor's install alone is `install_ns` (farmem gives no such figure). Inside the floor's parts: each page UFFDIO_MOVE moves clears its PTE and flushes that page from the TLB (floorpager's `move_agent_ns_page` is the ioctls alone, timed in the agent), and the drop flushes the staging range once; no counter in this kernel counts flushes, and floorpager's `flush_est_ns` (in the CSV: one PTE change and its local single-page flush, estimated by difference of mprotect flips; noisy) bounds what the flushes of a move can be. farmem's \"drop\" includes its page-table commit; its write-protect and wake stages are the drop way's, which the floor never takes.\n")
 
 	// Linux swap to zram beside both: per page in, the program's slowdown; per page moved, CPU.
+	p("\n**Faults that waited** (farmem's --summary-json, medians over the rounds): how many of farmem's faults could not be served when first read, by why (*room*: at the cap, waiting for the evictor to make room; *busy*: their page in an eviction batch or being read; *event*: behind an unread layout event), and the share of all its faults' service time (fault read to page installed) that went to them. The floor evicts on its fault thread and has no such wait.\n\n")
+	p("| workload | cap | config | room | busy | event | share of fault service time |\n|---|---|---|---|---|---|---|\n")
+	for _, w := range wls {
+		if !floorRuns(w) {
+			continue
+		}
+		for _, pct := range pcts {
+			for _, c := range []config{fm(pct), {kind: "farmem", prefetch: "none", pct: pct}} {
+				if _, ok := summarize(rs, w.name, c); !ok {
+					continue
+				}
+				count := func(i int) string {
+					return fmt.Sprintf("%.0f", medianOf(rs, w.name, c, func(r result) float64 { return r.held[i] }))
+				}
+				share := medianOf(rs, w.name, c, func(r result) float64 {
+					if r.faultNs <= 0 {
+						return math.NaN()
+					}
+					return r.heldNs / r.faultNs
+				})
+				cell := "-"
+				if !math.IsNaN(share) {
+					cell = fmt.Sprintf("%.1f %%", 100*share)
+				}
+				p("| %s | %d %% | %s | %s | %s | %s | %s |\n", w.title, pct, c.name(), count(0), count(1), count(2), cell)
+			}
+		}
+	}
+
 	p("\n**Per page moved, all three** (medians): *slowdown per page in* is the passes' time beyond native's divided by the pages brought back in (farmem: its summary's MiB in, prefetches included; floor: its refaults; swap: the `pswpin` delta of /proc/vmstat), everything one page read back costs the program, its eviction's share included. *sys µs per page moved* is the run's system CPU time (wait4's rusage: every process of the run, the pager's and farmem's too, and for swap the direct reclaim and the zram compression done in the program's context) over pages in + out (pswpin + pswpout for swap). The kernel does not split swap's system time between swap-in and reclaim, nor count kswapd's time against the run (a cgroup's limit is reclaimed directly by the task that charges it, so kswapd should do little here); *user+sys* adds the user time (farmem's Go runtime, the floor's pager, the program itself).\n\n")
 	p("| workload | cap | config | pages in | pages out | major faults | slowdown µs per page in | sys µs per page moved | user+sys µs per page moved |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range wls {
@@ -280,7 +309,10 @@ func floorCSVHeader() []string {
 	for _, k := range floorKeys {
 		r = append(r, "floor_"+k)
 	}
-	return r
+	for _, why := range heldReasons {
+		r = append(r, "farmem_held_"+why)
+	}
+	return append(r, "farmem_held_ns", "farmem_fault_ns")
 }
 
 func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
@@ -302,7 +334,10 @@ func floorCSV(r result) []string {
 			out = append(out, "")
 		}
 	}
-	return out
+	for _, v := range r.held {
+		out = append(out, num(v))
+	}
+	return append(out, num(r.heldNs), num(r.faultNs))
 }
 
 // readFloorCSV fills r's floorCSV fields from a row, where the CSV has them (a run's CSV from
@@ -327,6 +362,10 @@ func readFloorCSV(r *result, col map[string]int, row []string) error {
 	for i, n := range stageNames {
 		r.stages.stage[i] = f(stageColumn(n))
 	}
+	for i, why := range heldReasons {
+		r.held[i] = f("farmem_held_" + why)
+	}
+	r.heldNs, r.faultNs = f("farmem_held_ns"), f("farmem_fault_ns")
 	for _, k := range floorKeys {
 		v, ok, err := get("floor_" + k)
 		errs = append(errs, err)

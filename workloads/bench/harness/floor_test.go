@@ -38,8 +38,10 @@ func TestParseFloor(t *testing.T) {
 
 // A farmem --summary-json, the parts the harness reads (launcher.Summary writes it).
 const summaryJSON = `{"exit_status": 0,
-  "faults": {"zero": {"count": 16384, "p50_ns": 3200, "p99_ns": 10000},
-             "backend": {"count": 31000, "p50_ns": 12500, "p99_ns": 40000}},
+  "faults": {"zero": {"count": 16384, "sum_ns": 100000000, "p50_ns": 3200, "p99_ns": 10000},
+             "backend": {"count": 31000, "sum_ns": 300000000, "p50_ns": 12500, "p99_ns": 40000}},
+  "held": {"room": {"count": 40, "sum_ns": 60000000}, "busy": {"count": 3, "sum_ns": 2000000},
+           "event": {"count": 0, "sum_ns": 0}},
   "evicted": {"written": 20000, "dropped_clean": 2000, "zero": 16},
   "batches": {"count": 172, "stage_ns": {"move": 44032000, "write-protect": 0, "copy out": 220160000,
              "store": 11008000, "drop": 5504000, "wake": 0}},
@@ -65,6 +67,9 @@ func TestSummaryJSONApplies(t *testing.T) {
 	testSummary(t).apply(&r)
 	if r.faults != 31000 || r.fsP50 != 12.5 || r.fsP99 != 40 || r.inB != 126976000 || r.outB != 81920000 || r.peakB != 18350080 || !r.peakCgroup {
 		t.Errorf("result %+v", r)
+	}
+	if r.held != [3]float64{40, 3, 0} || r.heldNs != 62e6 || r.faultNs != 400e6 {
+		t.Errorf("held %v, %v ns of %v ns, want [40 3 0], 62e6 of 400e6", r.held, r.heldNs, r.faultNs)
 	}
 	s := r.stages
 	if s.batches != 172 || s.pages != 128 {
@@ -104,7 +109,8 @@ func TestFloorSection(t *testing.T) {
 		floor: map[string]float64{"pages_per_sec": 86000, "fault_p50_ns": 2000, "wake_ns": 6000, "install_ns": 2300, "move_ns_page": 1000,
 			"readv_ns_page": 800, "store_ns_page": 400, "drop_ns_page": 300, "evict_ns_page": 2500}}
 	farmem := result{wl: w.name, cfg: fm, round: 1, capMiB: 16, tput: 20000, wall: 3, inB: 32768 * 4096, outB: 40000 * 4096, fsP50: 24, sysS: 1.5, userS: 1,
-		stages: farmemStages{batches: 100, pages: 200, stage: [len(stageNames)]float64{400e3, 0, 320e3, 160e3, 120e3, 0}}}
+		stages: farmemStages{batches: 100, pages: 200, stage: [len(stageNames)]float64{400e3, 0, 320e3, 160e3, 120e3, 0}},
+		held:   [3]float64{40, 3, 0}, heldNs: 62e6, faultNs: 400e6}
 	zram := result{wl: w.name, cfg: zr, round: 1, capMiB: 16, limitB: 17 << 20, tput: 40000, wall: 2, inB: 30000 * 4096, outB: 35000 * 4096, faults: 29000, sysS: 1.3, userS: 0.2}
 	rs := []result{nat, floor, farmem, zram}
 	natStat := map[string]stat{}
@@ -129,6 +135,8 @@ func TestFloorSection(t *testing.T) {
 		"| micro random | 25 % | farmem | 32768 | 40000 | - | 49.0 | 20.6 | 34.4 |",
 		// zram: (32768/40000 - 32768/1e6)/30000 = 26.2 µs; 1.3 s / 65000 = 20 µs
 		"| micro random | 25 % | swap-zram | 30000 | 35000 | 29000 | 26.2 | 20.0 | 23.1 |",
+		// 62 of 400 ms of fault service
+		"| micro random | 25 % | farmem | 40 | 3 | 0 | 15.5 % |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)

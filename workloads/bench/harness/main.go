@@ -101,9 +101,13 @@ type result struct {
 	lat map[string]hist
 	// userS, sysS: the run's CPU time, every process of it (wait4's rusage; batch workloads only).
 	userS, sysS float64
-	vmMajflt    uint64             // the pgmajfault delta of /proc/vmstat over the run (every process)
-	stages      farmemStages       // farmem: its eviction batches' mean stage times
-	floor       map[string]float64 // floor: floorpager's exit line (nil for other configurations)
+	vmMajflt    uint64       // the pgmajfault delta of /proc/vmstat over the run (every process)
+	stages      farmemStages // farmem: its eviction batches' mean stage times
+	// farmem: its faults that waited before service, by reason (heldReasons), their service
+	// time, and all its faults' service time (ns).
+	held            [len(heldReasons)]float64
+	heldNs, faultNs float64
+	floor           map[string]float64 // floor: floorpager's exit line (nil for other configurations)
 }
 
 // ref is what the workload's native reference run measured.

@@ -11,9 +11,14 @@ import (
 type farmemSummary struct {
 	Faults map[string]struct {
 		Count uint64 `json:"count"`
+		SumNs uint64 `json:"sum_ns"`
 		P50Ns int64  `json:"p50_ns"`
 		P99Ns int64  `json:"p99_ns"`
 	} `json:"faults"`
+	Held map[string]struct {
+		Count uint64 `json:"count"`
+		SumNs uint64 `json:"sum_ns"`
+	} `json:"held"`
 	Evicted struct {
 		Written      int64 `json:"written"`
 		DroppedClean int64 `json:"dropped_clean"`
@@ -53,7 +58,19 @@ func (s farmemSummary) apply(res *result) {
 		res.peakB, res.peakCgroup = *s.CgroupPeakBytes, true
 	}
 	res.stages = s.stages()
+	res.faultNs, res.heldNs = 0, 0
+	for _, f := range s.Faults {
+		res.faultNs += float64(f.SumNs)
+	}
+	for i, why := range heldReasons {
+		res.held[i] = float64(s.Held[why].Count)
+		res.heldNs += float64(s.Held[why].SumNs)
+	}
 }
+
+// heldReasons are why farmem's faults waited before service, as its summary names them: for
+// room at the cap, for their page in a batch or being read, behind an unread event.
+var heldReasons = [...]string{"room", "busy", "event"}
 
 // stages is the summary's eviction batches: how many, their mean pages, and the mean time a
 // batch spent in each stage.
