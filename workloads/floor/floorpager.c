@@ -391,7 +391,7 @@ static int do_register(uint64_t addr, uint64_t len)
 	r->state = calloc(r->npages, 1);
 	r->queued = calloc(r->npages, 1);
 	/* The store, populated now: the steady state should not pay the first touch of fresh
-	 * guest memory (~10 us a page in this VM), which no pager's store pays twice. */
+	 * guest memory (costly in a VM: docs/DESIGN.md, "Latency"), which no pager's store pays twice. */
 	r->store = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (!r->state || !r->queued || r->store == MAP_FAILED) return ENOMEM;
 	atomic_store(&nranges, n + 1);
