@@ -37,9 +37,6 @@ func foregroundTerminal() *terminal {
 		f.Close()
 		return nil
 	}
-	// Handing the terminal back from the background (the program holds it) would stop farmem
-	// with SIGTTOU.
-	signal.Ignore(syscall.SIGTTOU)
 	return t
 }
 
@@ -49,8 +46,14 @@ func (t *terminal) foreground() bool {
 	return err == nil && pg == unix.Getpgrp()
 }
 
-// give makes process group pgid the terminal's foreground group (tcsetpgrp).
-func (t *terminal) give(pgid int) { unix.IoctlSetPointerInt(int(t.f.Fd()), unix.TIOCSPGRP, pgid) }
+// give makes process group pgid the terminal's foreground group (tcsetpgrp). From the
+// background (the program holds the terminal) that would stop farmem with SIGTTOU, so it is
+// ignored for the call only: ignored for good, the program farmem starts would inherit it.
+func (t *terminal) give(pgid int) {
+	signal.Ignore(syscall.SIGTTOU)
+	defer signal.Reset(syscall.SIGTTOU)
+	unix.IoctlSetPointerInt(int(t.f.Fd()), unix.TIOCSPGRP, pgid)
+}
 
 // close gives the terminal back to farmem's process group and closes it.
 func (t *terminal) close() {

@@ -47,6 +47,8 @@ def on_term(s, f):
     sys.exit(0)
 signal.signal(signal.SIGINT, on_int)
 signal.signal(signal.SIGTERM, on_term)
+ignored = int([l for l in open("/proc/self/status") if l.startswith("SigIgn:")][0].split()[1], 16)
+print("SIGTTOU", "ignored" if ignored & (1 << (signal.SIGTTOU - 1)) else "default", flush=True)
 print("ready", flush=True)
 while True:
     time.sleep(0.05)
@@ -55,7 +57,8 @@ while True:
 // On a terminal, the keys a user types reach the program once, as without farmem: Ctrl-C is one
 // SIGINT, not one from the terminal and one forwarded by farmem; a SIGINT sent to farmem itself
 // is forwarded, once; and Ctrl-Z stops the job (farmem stops with the program) until it is
-// continued, when the terminal is the program's again.
+// continued, when the terminal is the program's again. The program starts with the signal
+// dispositions it would have without farmem.
 func TestTerminalSignalsReachTheProgramOnce(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
@@ -109,6 +112,7 @@ func TestTerminalSignalsReachTheProgramOnce(t *testing.T) {
 			}
 		}
 	}
+	expect("SIGTTOU default") // the program's signal dispositions are its own, not farmem's
 	expect("ready")
 	master.Write([]byte{3}) // Ctrl-C
 	expect("INT 1")
