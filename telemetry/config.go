@@ -188,6 +188,22 @@ func (c *Config) hint() string {
 	return ""
 }
 
+// TracesTo says where spans go, for a log line: "127.0.0.1:4318 over OTLP (http/protobuf)".
+func (c *Config) TracesTo() string {
+	var to []string
+	if c.traces {
+		ep := c.Endpoint
+		if ep == "" {
+			ep = "the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT endpoint"
+		}
+		to = append(to, fmt.Sprintf("%s over OTLP (%s)", ep, c.tracesProto))
+	}
+	if c.Stdout || c.tracesConsole {
+		to = append(to, "stdout")
+	}
+	return strings.Join(to, " and ")
+}
+
 // Tracing reports whether spans are made at all (an exporter for them).
 func (c *Config) Tracing() bool { return c.traces || c.tracesConsole || c.Stdout }
 

@@ -25,7 +25,7 @@ import (
 // Every fault traced (--trace-sample 1) over tcp: the memory server's "memserver read" spans
 // (service farmem-memserver) are children of farmem's "backend fetch" spans (service farmem),
 // in the same traces, under their "page fault" spans; and the fetch span names the server that
-// answered.
+// answered. Both export by the default protocol, http/protobuf.
 func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 	if err := checkUserfaultfd(); err != nil {
 		t.Skip(err)
@@ -35,7 +35,7 @@ func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 			t.Setenv(k, "")
 		}
 	}
-	sinkAddr, sink := startGRPCSink(t)
+	sinkAddr, sink := startHTTPSink(t)
 	dir := t.TempDir()
 	tok := writeToken(t, dir, "the-right-cluster-token-0123456789")
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -196,7 +196,7 @@ func TestMemserverOTLPBadInput(t *testing.T) {
 		want string
 	}{
 		{[]string{"--otlp", "localhost"}, `--otlp "localhost": give HOST:PORT`},
-		{[]string{"--otlp", "127.0.0.1:4317", "--otlp-protocol", "thrift"}, `OTLP protocol "thrift": give grpc or http/protobuf`},
+		{[]string{"--otlp", "127.0.0.1:4317", "--otlp-protocol", "thrift"}, `--otlp-protocol "thrift": give grpc or http/protobuf`},
 		{[]string{"--otlp", ""}, "--otlp is empty"},
 	} {
 		args := append([]string{"memserver", "--ctrl", "127.0.0.1:1", "--token-file", tok, "--capacity", "64MiB",
