@@ -642,6 +642,7 @@ func TestOTelEnvironmentVariables(t *testing.T) {
 		}
 	})
 }
+
 // --metrics-addr (or OTEL_METRICS_EXPORTER=prometheus) serves the metrics while the program
 // runs, under the Prometheus names the README gives, and farmem's pid as target_info's
 // process_pid.
