@@ -183,7 +183,7 @@ func (c *Config) Resolve(env Env) error {
 // hint is what a failed export's warning adds: why it may have failed ("" if nothing says).
 func (c *Config) hint() string {
 	if h := firstOf(c.tracesHint, c.metricsHint); h != "" {
-		return ": " + h
+		return "; " + h
 	}
 	return ""
 }

@@ -125,7 +125,7 @@ func (t *Telemetry) startMetrics(ctx context.Context, res *resource.Resource) er
 // likely cause if the configuration suggests one.
 func (t *Telemetry) warnOnce(err error) {
 	t.once.Do(func() {
-		t.warn(fmt.Sprintf("telemetry: %v (the program runs on; further telemetry errors are not shown)%s", err, t.cfg.hint()))
+		t.warn(fmt.Sprintf("telemetry: %v%s (the program runs on; further telemetry errors are not shown)", err, t.cfg.hint()))
 	})
 }
 

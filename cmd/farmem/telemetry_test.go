@@ -86,6 +86,11 @@ func startGRPCSink(t *testing.T) (string, *otlpSink) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveGRPCSink(t, ln)
+}
+
+// serveGRPCSink serves OTLP/gRPC on ln.
+func serveGRPCSink(t *testing.T, ln net.Listener) (string, *otlpSink) {
 	s := &otlpSink{}
 	srv := grpc.NewServer()
 	colltrace.RegisterTraceServiceServer(srv, traceService{s: s})
@@ -764,12 +769,28 @@ func TestTelemetryBadInput(t *testing.T) {
 	for _, proto := range []string{"grpc", "http/protobuf"} {
 		dead := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		out := runMicro(t, nil, "--otlp", dead, "--otlp-protocol", proto, "--trace-sample", "1")
-		if n := strings.Count(out, "farmem: telemetry:"); n != 1 {
+		// The export warning, once (a line that sampled records were dropped may come too).
+		if n := strings.Count(out, "further telemetry errors are not shown"); n != 1 {
 			t.Errorf("%s endpoint %s down: %d telemetry warnings, want exactly 1:\n%s", proto, dead, n, out)
 		}
 		if !strings.Contains(out, "farmem: held micro to 16 MiB") {
 			t.Errorf("no summary after a run whose collector was down")
 		}
+	}
+	// The default protocol, http/protobuf, sent to a gRPC collector on 4317 (the likely mistake
+	// of a user used to grpc as the default): the one warning says why nothing got through.
+	ln, err = net.Listen("tcp", "127.0.0.1:4317")
+	if err != nil {
+		t.Logf("port 4317 is taken (%v): the warning's hint is not checked end to end", err)
+		return
+	}
+	addr, sink := serveGRPCSink(t, ln)
+	out = []byte(runMicro(t, nil, "--otlp", addr, "--trace-sample", "1"))
+	if n := strings.Count(string(out), "further telemetry errors are not shown"); n != 1 || !strings.Contains(string(out), "port 4317 is OTLP/gRPC's: give --otlp-protocol grpc") {
+		t.Errorf("http/protobuf by default to a gRPC collector on 4317: %d warnings, want one naming the protocol:\n%s", n, out)
+	}
+	if spans, metrics := sink.counts(); spans+metrics != 0 {
+		t.Errorf("the gRPC collector got %d spans and %d metric exports over http/protobuf", spans, metrics)
 	}
 }
 
