@@ -614,7 +614,16 @@ func TestOTelEnvironmentVariables(t *testing.T) {
 			t.Fatalf("OTEL_METRICS_EXPORTER=none: %d spans, %d metric exports; want some and none", spans, metrics)
 		}
 	})
-	t.Run("traces-exporter-console", func(t *testing.T) {
+	t.Run("console-exporters", func(t *testing.T) {
+		addr, sink := startHTTPSink(t)
+		spans, metrics, out := run(t, sink, httpEnv(addr, "OTEL_TRACES_EXPORTER=console", "OTEL_METRICS_EXPORTER=console", "OTEL_TRACES_SAMPLER=always_on")...)
+		consoleSpans, consoleMetrics := strings.Contains(out, `"Name": "page fault"`), strings.Contains(out, `"Name": "farmem.fault.duration"`)
+		if spans != 0 || metrics != 0 || !consoleSpans || !consoleMetrics {
+			t.Fatalf("console exporters: %d spans and %d metric exports over OTLP (want none); on stdout page fault spans %v, farmem.fault.duration %v",
+				spans, metrics, consoleSpans, consoleMetrics)
+		}
+	})
+	t.Run("traces-console-metrics-otlp", func(t *testing.T) {
 		addr, sink := startHTTPSink(t)
 		spans, metrics, out := run(t, sink, httpEnv(addr, "OTEL_TRACES_EXPORTER=console", "OTEL_TRACES_SAMPLER=always_on")...)
 		if spans != 0 || metrics == 0 || !strings.Contains(out, `"Name": "page fault"`) {
