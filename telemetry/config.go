@@ -15,11 +15,11 @@ import (
 // The variables are the OpenTelemetry specification's (its "Environment Variable
 // Specification" and the OTLP exporter's), read as the SDKs read them: empty is unset, enum
 // values are case-insensitive, a signal's own variable wins over the general one. Where farmem
-// differs (farmem run's help says so, cmd/farmem/telemetry_flags.go): nothing is exported unless asked for (an endpoint, or an
-// exporter variable naming otlp), since farmem wraps another program and must not start
-// sending to localhost on its own; a value farmem cannot honour is an error at start, not the
-// SDKs' warning and fallback, because a run that silently exports nothing is worse than one
-// that does not start.
+// differs (and farmem run's help says so: cmd/farmem/telemetry_flags.go): nothing is exported
+// unless asked for (an endpoint, or an exporter variable naming otlp), since farmem wraps
+// another program and must not start sending to localhost on its own; and a value farmem
+// cannot honour is an error at start, not the SDKs' warning and fallback, because a run that
+// silently exports nothing is worse than one that does not start.
 //
 // Why not go.opentelemetry.io/contrib/exporters/autoexport (v0.72.0 goes with this SDK): it
 // takes its whole configuration from the environment, and farmem's flags (--otlp,
