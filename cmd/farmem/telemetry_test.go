@@ -846,3 +846,15 @@ func TestLatencyOut(t *testing.T) {
 		t.Fatalf("--quiet run: --latency-out %q, %v", b, err)
 	}
 }
+
+// farmem run --help lists the OTEL_* variables it honours and the default protocol.
+func TestRunHelpNamesOTelVariables(t *testing.T) {
+	out, code := runApp("run", "--help")
+	for _, want := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+		"http/protobuf (the default", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL and _METRICS_PROTOCOL", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER",
+		"OTEL_TRACES_SAMPLER, _ARG", "always_off", "traceidratio", "OTEL_SERVICE_NAME", "OTEL_SDK_DISABLED", "exit 125"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("farmem run --help (exit %d) does not name %q", code, want)
+		}
+	}
+}
