@@ -21,9 +21,9 @@ const memcgRoot = cgroupMount + "/memory"
 // faults.
 type memcgV1 struct {
 	dir     string
-	parent  string        // farmem's own memory cgroup
-	events  *os.File      // the eventfd, read through the netpoller so close ends listen
-	usage   int           // memory.usage_in_bytes, re-read with pread
+	parent  string   // farmem's own memory cgroup
+	events  *os.File // the eventfd, read through the netpoller so close ends listen
+	usage   int      // memory.usage_in_bytes, re-read with pread
 	crossed chan struct{}
 	buf     [32]byte // below's; only the rescan loop calls it
 }
