@@ -101,8 +101,8 @@ bin/farmem-bench:
 # No swap, zram device or benchmark cgroup may outlive a benchmark.
 .PHONY: swap-check
 swap-check:
-	@if [ "$$(wc -l </proc/swaps)" -gt 1 ] || ls -d /sys/fs/cgroup/memory/farmem-swap-* >/dev/null 2>&1; then \
-		echo "swap or a farmem-swap cgroup was left behind:"; cat /proc/swaps; ls -d /sys/fs/cgroup/memory/farmem-swap-*; exit 1; fi
+	@if [ "$$(wc -l </proc/swaps)" -gt 1 ] || ls -d /sys/fs/cgroup/memory/farmem-swap-* /sys/fs/cgroup/farmem-swap-* 2>/dev/null | grep -q .; then \
+		echo "swap or a farmem-swap cgroup was left behind:"; cat /proc/swaps; ls -d /sys/fs/cgroup/memory/farmem-swap-* /sys/fs/cgroup/farmem-swap-* 2>/dev/null; exit 1; fi
 
 # The prefetchers (issue 4): fault traces replayed by farmem sim and end-to-end runs of micro,
 # redis and pagerank at 50 % and 25 % caps with each prefetcher (under 20 minutes, as root):
