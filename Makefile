@@ -126,3 +126,11 @@ bin/bench-fabric:
 .PHONY: test-rdma
 test-rdma:
 	GO=$(GO) workloads/rdma/test-rdma.sh
+
+# farmem on a cgroup v2-only machine, for real: boots Debian's kernel under qemu (TCG) with
+# cgroup_no_v1=all and runs the watch's tests, a capped run, a run armed by the cgroup watch and
+# linux-swap.sh beside farmem inside it (as root; installs qemu-system-x86, busybox-static...
+# when missing). Not part of `test`.
+.PHONY: test-cgroup2
+test-cgroup2:
+	GO=$(GO) workloads/cgroup2/test-cgroup2.sh
