@@ -68,7 +68,7 @@ func newMemcgV1(crossed chan struct{}, thresholds []int64) (m *memcgV1, err erro
 	if err := os.WriteFile(filepath.Join(dir, "tasks"), []byte(strconv.Itoa(unix.Gettid())), 0); err != nil {
 		return nil, err
 	}
-	go m.listen()
+	go m.listen(m.events)
 	return m, nil
 }
 
@@ -80,10 +80,10 @@ func (m *memcgV1) leave(tid int) error {
 
 // listen turns the eventfd's counts into crossed until the eventfd is closed. The netpoller's
 // slow wakeup is no matter: this is off the fault path and wakes a few times a run.
-func (m *memcgV1) listen() {
+func (m *memcgV1) listen(events *os.File) {
 	var n [8]byte
 	for {
-		if _, err := m.events.Read(n[:]); err != nil {
+		if _, err := events.Read(n[:]); err != nil {
 			return
 		}
 		select {

@@ -49,7 +49,7 @@ import (
 // there after it.
 type memcgV2 struct {
 	own     string // farmem's own cgroup, the run's cgroup's parent
-	dir     string // the run's cgroup
+	dir     string // the run's cgroup, once made; set before the watch is shared
 	self    string // the leaf farmem moved itself into; "" if it did not
 	enabled bool   // farmem enabled +memory in own's cgroup.subtree_control
 	dirfd   int    // the run's cgroup, for clone3, until leave
@@ -106,11 +106,11 @@ func newMemcgV2(crossed chan struct{}, attr *syscall.SysProcAttr, thresholds []i
 		}
 		m.enabled = true
 	}
-	m.dir = filepath.Join(own, runCgroupName())
-	if err := os.Mkdir(m.dir, 0o755); err != nil {
-		m.dir = ""
+	dir := filepath.Join(own, runCgroupName())
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		return m, err
 	}
+	m.dir = dir
 	if m.dirfd, err = unix.Open(m.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
 		return m, err
 	}
@@ -137,17 +137,17 @@ func newMemcgV2(crossed chan struct{}, attr *syscall.SysProcAttr, thresholds []i
 		}
 	}
 	attr.UseCgroupFD, attr.CgroupFD = true, m.dirfd
-	go m.listen()
+	go m.listen(m.events)
 	return m, nil
 }
 
 // listen lifts memory.high and sends on crossed at each change of memory.events, until close.
 // The netpoller's slow wakeup is no matter: this is off the fault path and wakes a few times a
 // run (the kernel announces a cgroup file's change at most every 20 ms).
-func (m *memcgV2) listen() {
+func (m *memcgV2) listen(events *os.File) {
 	var ev [4096]byte // inotify events; what they say is all the same: memory.events changed
 	for {
-		if _, err := m.events.Read(ev[:]); err != nil {
+		if _, err := events.Read(ev[:]); err != nil {
 			return
 		}
 		m.mu.Lock()
@@ -166,6 +166,10 @@ func (m *memcgV2) below(threshold int64) bool {
 	drain(m.crossed)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if threshold <= 0 { // a level at 0 would hold the program to nothing
+		m.setHigh(-1)
+		return false
+	}
 	u, err := preadInt(m.current, m.buf[:])
 	if err != nil || u >= threshold {
 		m.setHigh(-1)
@@ -214,9 +218,6 @@ func (m *memcgV2) leave(int) error {
 
 // peak is memory.peak (Linux 5.19 and later).
 func (m *memcgV2) peak() (int64, bool) {
-	if m.dir == "" {
-		return 0, false
-	}
 	v, err := readInt(filepath.Join(m.dir, "memory.peak"))
 	return v, err == nil && v >= 0
 }
@@ -241,8 +242,8 @@ func (m *memcgV2) close() {
 		unix.Close(m.current)
 		m.current = -1
 	}
-	if m.dir != "" && unix.Rmdir(m.dir) == nil {
-		m.dir = ""
+	if m.dir != "" {
+		unix.Rmdir(m.dir) // peak's reads fail from now on
 	}
 	if m.self == "" {
 		return

@@ -11,7 +11,7 @@
 # libraries it needs.
 #
 # Stages (guest-run.sh; each must pass): farmem doctor says it uses cgroup v2; the watch's
-# tests (go test -c ./runtime/ -run UsageWatch) in the root cgroup and alone in a scope; a
+# tests (go test -c -race ./runtime/ -run UsageWatch) in the root cgroup and alone in a scope; a
 # 16 MiB cap held by the run's cgroup's own peak (memory.peak); a run that arms mid-way armed
 # by the watch (the summary's arm_watched, and memory.high's event counted in farmem's scope);
 # and Linux swap (workloads/swap/linux-swap.sh on zram with memory.max) beside farmem at one
@@ -90,7 +90,7 @@ work=$(mktemp -d)
 root=$work/root
 trap 'rm -rf "$work"' EXIT
 (cd "$repo" && make -s shim bin/micro && $GO build -o "$work/farmem" ./cmd/farmem) || die "building farmem"
-(cd "$repo" && $GO test -c -o "$work/runtime.test" ./runtime/) || die "go test -c ./runtime/"
+(cd "$repo" && $GO test -c -race -o "$work/runtime.test" ./runtime/) || die "go test -c -race ./runtime/"
 mkdir -p "$root"/{bin,usr/bin,dev,proc,sys,tmp,etc,payload,lib/modules}
 cp /bin/busybox "$root/bin/busybox"
 cp /bin/bash "$root/bin/bash"
