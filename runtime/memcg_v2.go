@@ -19,8 +19,8 @@ import (
 //
 // Cgroup v2 has no usage thresholds (v1's cgroup.event_control), and of what it offers only one
 // thing gives an edge when usage crosses a level of our choosing: memory.high. The kernel checks
-// it at every charge batch (64 pages), and the first charge over it counts a "high" event in
-// memory.events, whose change it announces as a file-modified event (inotify, or poll's
+// it at every charge batch (64 pages), and a charge over it counts "high" events in
+// memory.events (one, and one for each round of reclaim it causes), whose change it announces as a file-modified event (inotify, or poll's
 // POLLPRI). The others do not serve: memory.current announces nothing, so watching it is the
 // polling this replaces; memory.events moves only at a boundary (low, high, max) or an OOM; a
 // PSI trigger fires on time stalled waiting for memory, which a program growing freely below any
@@ -54,7 +54,7 @@ type memcgV2 struct {
 	enabled bool   // farmem enabled +memory in own's cgroup.subtree_control
 	dirfd   int    // the run's cgroup, for clone3, until leave
 	current int    // memory.current, re-read with pread
-	events  *os.File
+	events  *os.File // inotify on memory.events, read through the netpoller so close ends listen
 	crossed chan struct{}
 	buf     [32]byte // below's; only the rescan loop calls it
 
