@@ -48,12 +48,12 @@ import (
 // clone3 starts it in the cgroup (CLONE_INTO_CGROUP, Linux 5.7), and its fork children are born
 // there after it.
 type memcgV2 struct {
-	own     string // farmem's own cgroup, the run's cgroup's parent
-	dir     string // the run's cgroup, once made; set before the watch is shared
-	self    string // the leaf farmem moved itself into; "" if it did not
-	enabled bool   // farmem enabled +memory in own's cgroup.subtree_control
-	dirfd   int    // the run's cgroup, for clone3, until leave
-	current int    // memory.current, re-read with pread
+	own     string   // farmem's own cgroup, the run's cgroup's parent
+	dir     string   // the run's cgroup, once made; set before the watch is shared
+	self    string   // the leaf farmem moved itself into; "" if it did not
+	enabled bool     // farmem enabled +memory in own's cgroup.subtree_control
+	dirfd   int      // the run's cgroup, for clone3, until leave
+	current int      // memory.current, re-read with pread
 	events  *os.File // inotify on memory.events, read through the netpoller so close ends listen
 	crossed chan struct{}
 	buf     [32]byte // below's; only the rescan loop calls it
