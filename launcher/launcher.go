@@ -157,7 +157,7 @@ func Run(o Options) (int, error) {
 		goruntime.LockOSThread()
 		// Born in a memory cgroup whose threshold says when to arm, the program costs the
 		// runtime no polling until then; where there is none, the runtime polls instead.
-		contained, _ := rt.ContainChildren()
+		contained, _ := rt.ContainChildren(cmd.SysProcAttr)
 		err := cmd.Start()
 		contained()
 		if err != nil {
