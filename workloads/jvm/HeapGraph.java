@@ -11,9 +11,10 @@
  * the P passes shuffles the key array and then updates every record once in that order: a new
  * value, a new payload (the old one, usually promoted by then, becomes old-generation garbage),
  * a new link to a random record, and one record in 8 is removed and put back under a new key
- * (HashMap nodes and boxed keys churn too). The heap is fixed by -Xms/-Xmx; about 1 MiB of heap
- * per 3300 entries keeps the live data at about half of it, so the collector works but the run
- * never runs out of heap.
+ * (HashMap nodes and boxed keys churn too). The heap is fixed by -Xms/-Xmx; 2500 entries per
+ * MiB of heap keep the live data at about half of it (a record with its payload, map node, boxed
+ * key and key slot takes about 190 bytes), so the collector works but the run never runs out
+ * of heap.
  *
  * Everything random comes from splitmix64 with a fixed seed, so the result does not depend on
  * the JVM, the collector or the machine. Two checks at the end:
@@ -95,7 +96,7 @@ public final class HeapGraph {
     }
 
     public static void main(String[] args) {
-        int n = 0, passes = 3;
+        int n = 0, passes = 2;
         for (int i = 0; i < args.length; i++) {
             String a = args[i];
             if (i + 1 >= args.length) {
