@@ -84,3 +84,31 @@ func TestRuntimeWorkloadsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// Every workload with a checksum takes it from its own OK line (pagerank and matmul as they
+// print it), and verify holds a run to the native run's.
+func TestDigestLines(t *testing.T) {
+	wls, err := workloads([]string{"pagerank", "numpy-matmul"}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct{ out, sum string }{
+		{"pagerank: iter1 secs=0.5 edges_per_sec=1000\npagerank: OK checksum=00ab12cd34ef5678 top=7 top_rank=0.0123\n", "00ab12cd34ef5678"},
+		{"matmul: rep1 secs=1.0 gflops=0.5\nmatmul: OK n=1024 checksum=5566:7788 gflops=0.50\n", "5566:7788"},
+	} {
+		w := wls[i]
+		m := w.digest.FindStringSubmatch(c.out)
+		if m == nil || m[1] != c.sum {
+			t.Errorf("%s: checksum %v, want %s", w.name, m, c.sum)
+			continue
+		}
+		h := &harness{refs: map[string]*ref{w.name: {checksum: c.sum}}}
+		if err := h.verify(w, c.out); err != nil {
+			t.Errorf("%s: %v", w.name, err)
+		}
+		h.refs[w.name].checksum = "99"
+		if err := h.verify(w, c.out); err == nil {
+			t.Errorf("%s: verified against another native checksum", w.name)
+		}
+	}
+}
