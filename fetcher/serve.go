@@ -239,7 +239,7 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		}()
 	}
 	if e.Slot == 0 {
-		n, err := uffd.Copy(f.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
+		n, err := f.installUnlocked(e, pg, unsafe.Pointer(&zeros[0]), 0)
 		f.clock.installed(IoctlCopy)
 		return f.installed(pg, n, err, pagetable.Written, 0, FromZero), FromZero
 	}
@@ -264,9 +264,28 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 	if d != pagetable.Clean {
 		mode = 0
 	}
-	n, err := uffd.Copy(f.fd, pg, unsafe.Pointer(&buf[0]), ps, mode)
+	n, err := f.installUnlocked(e, pg, unsafe.Pointer(&buf[0]), mode)
 	f.clock.installed(IoctlCopy)
 	return f.installed(pg, n, err, d, e.Slot, src), src
+}
+
+// installUnlocked installs evicted page pg (entry e, its table locked) from src, with the table
+// unlocked across the ioctl, and returns with it locked again. The ioctl wakes the faulting
+// thread, which on its CPU runs at once, inside the ioctl, until it blocks again: held across
+// that, the lock would keep the evictor waiting for the program's next fault, and the unlock
+// that ends the wait would cost the fault path a wakeup of the evictor's thread.
+//
+// e is marked Fetching meanwhile, as for the read (readEvicted): the prefetcher passes it by,
+// the evictor cannot choose it (only Resident pages are victims), and the events that could
+// discard or move it are applied by this thread only, after. So e is still pg's evicted entry
+// when the lock is taken again, and the caller records the install as it would have under it.
+func (f *Fetcher) installUnlocked(e *pagetable.Entry, pg uint64, src unsafe.Pointer, mode uint64) (int64, error) {
+	e.Fetching = true
+	f.table.Unlock()
+	n, err := uffd.Copy(f.fd, pg, src, ps, mode)
+	f.table.Lock()
+	e.Fetching = false
+	return n, err
 }
 
 // readEvicted reads the copy of evicted page pg (entry e, its table locked) into buf. The table
