@@ -367,7 +367,11 @@ func handleConn(c *conn, rt *runtime.Runtime) {
 			c.c.Close()
 			return
 		}
-		a := &agentConn{c: c}
+		a, err := newAgentConn(c)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "farmem: process %d: %v\n", m.Pid, err)
+			return
+		}
 		if m.B != 0 {
 			p.Table().Lock()
 			p.Table().Pin(m.B, m.B+m.C)
