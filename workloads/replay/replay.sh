@@ -118,13 +118,13 @@ mv "$csv.tmp" "$csv"
   echo
   echo "\`make bench-replay\` (workloads/replay/replay.sh) at farmem $commit${changed:+ with uncommitted changes in $changed}; one run each; raw rows: [$(basename "$csv")]($(basename "$csv"))."
   echo
-  echo "| workload | cap | cap pages (held in replay) | live re-faults | farmem's table, replayed | LRU | MIN | live / LRU | live / MIN | table / LRU | LRU / MIN |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
-  tail -n +2 "$csv" | while IFS=, read -r _ wl _ _ pct cp held _ _ _ _ live mn lru tb _ xl xm tl lm; do
-    echo "| $wl | $pct % | $cp ($held) | $live | $tb | $lru | $mn | $xl | $xm | $tl | $lm |"
+  echo "| workload | cap | cap pages (held in replay) | live re-faults | farmem's table, replayed (its FIFO) | LRU | MIN | live / LRU | live / MIN | table / LRU | LRU / MIN | live faults recorded |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+  tail -n +2 "$csv" | while IFS=, read -r _ wl _ _ pct cp held _ _ rec _ live mn lru tb ff xl xm tl lm; do
+    echo "| $wl | $pct % | $cp ($held) | $live | $tb ($ff) | $lru | $mn | $xl | $xm | $tl | $lm | $rec |"
   done
   echo
-  echo "Per workload, the access stream (accesses after folding repeats of a page at once; its distinct pages) and the live fault trace's records:"
+  echo "Per workload, the access stream (accesses after folding repeats of a page at once; its distinct pages), against which a live fault trace (the last column above) is a small sample:"
   echo
   tail -n +2 "$csv" | awk -F, '!seen[$2]++ { printf "- %s (`%s`): footprint %d KiB, %d accesses to %d pages\n", $2, $3, $4, $8, $9 }'
   echo
