@@ -19,21 +19,33 @@ import (
 // # Page stream format
 //
 // workloads/replay/pagetrace.c writes it: the 8-byte header "FMPAGES1", then one little-endian
-// uint64 page number (address >> 12) per access. Consecutive accesses to the same page may be
-// written once: a repeat at once is a hit under every policy and changes no policy's choice
-// (the page is already the most recently used, and is the next use of itself).
+// uint64 per access: the page number (address >> 12), with bit 63 (PagesWrote) set if the
+// access wrote the page. Consecutive accesses to the same page may be written once, marked if
+// any of them wrote: a repeat at once is a hit under every policy and changes no policy's
+// choice (the page is already the most recently used, and is the next use of itself).
 //
 // The text format (page numbers one a line, optionally after a pid) is read as an access stream
-// too, for streams written by hand.
+// too, for streams written by hand; it says nothing of writes.
 
 // PagesMagic starts every binary page stream; its last byte is the format version.
 const PagesMagic = "FMPAGES1"
+
+// PagesWrote marks a page stream's access that wrote its page.
+const PagesWrote = 1 << 63
 
 // Accesses is an access stream with its pages numbered densely: Seq[i] is the i-th access's
 // page, an index into Pages. Dense numbers let the replays keep arrays instead of maps.
 type Accesses struct {
 	Seq   []uint32
 	Pages []Page // by dense number: the page number and its process
+	// Writes has bit i set if access i wrote its page; nil when the stream does not say
+	// (a text stream).
+	Writes []uint64
+}
+
+// Wrote reports whether access i wrote its page; false when the stream does not say.
+func (a *Accesses) Wrote(i int) bool {
+	return a.Writes != nil && a.Writes[i/64]&(1<<(i%64)) != 0
 }
 
 // Page is one distinct page of an access stream.
@@ -88,6 +100,7 @@ func NewAccesses(r io.Reader, name string) (*Accesses, error) {
 	switch {
 	case string(head) == PagesMagic:
 		br.Discard(len(PagesMagic))
+		n.a.Writes = []uint64{}
 		if err := readPages(br, name, n); err != nil {
 			return nil, err
 		}
@@ -130,8 +143,16 @@ func readPages(br *bufio.Reader, name string, n *numberer) error {
 		for i := 0; i < k; i += 8 {
 			rec++
 			p := binary.LittleEndian.Uint64(b[i:])
+			wrote := p&PagesWrote != 0
+			p &^= PagesWrote
+			if len(n.a.Seq)%64 == 0 {
+				n.a.Writes = append(n.a.Writes, 0)
+			}
+			if wrote {
+				n.a.Writes[len(n.a.Seq)/64] |= 1 << (len(n.a.Seq) % 64)
+			}
 			if p > MaxPage {
-				return fmt.Errorf("%s: access %d is corrupt: page number %#x is past %#x (addresses >> 12)", name, rec, p, uint64(MaxPage))
+				return fmt.Errorf("%s: access %d is corrupt: page number %#x is past %#x (addresses >> 12; bit 63 marks a write)", name, rec, p, uint64(MaxPage))
 			}
 			if err := n.add(Page{Page: p}); err != nil {
 				return fmt.Errorf("%s: %v", name, err)

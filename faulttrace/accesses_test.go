@@ -5,6 +5,7 @@ import (
 	"container/list"
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -155,6 +156,92 @@ func TestLRUAndMINAgainstDefinitions(t *testing.T) {
 			wl, wm := refLRU(seq, frames), refMIN(seq, frames)
 			if int(l.Cold+l.Refaults) != wl || int(m.Cold+m.Refaults) != wm || m.Refaults > l.Refaults || l.Cold != uint64(a.Distinct()) {
 				t.Fatalf("round %d, %d pages, %d frames: LRU %+v (want %d misses), MIN %+v (want %d)", round, pages, frames, l, wl, m, wm)
+			}
+		}
+	}
+}
+
+// A page stream's bit 63 marks the accesses that wrote; a text stream has no write bits.
+func TestReadAccessesWrites(t *testing.T) {
+	pages := make([]uint64, 130)
+	for i := range pages {
+		pages[i] = uint64(i % 7)
+		if i%3 == 0 {
+			pages[i] |= PagesWrote
+		}
+	}
+	a := accessesOf(t, pages)
+	if a.Distinct() != 7 {
+		t.Fatalf("%d pages, want 7: the write bit is not part of the page", a.Distinct())
+	}
+	for i := range pages {
+		if a.Wrote(i) != (i%3 == 0) || a.Pages[a.Seq[i]].Page != uint64(i%7) {
+			t.Fatalf("access %d: page %#x wrote %v", i, a.Pages[a.Seq[i]].Page, a.Wrote(i))
+		}
+	}
+	txt, err := NewAccesses(strings.NewReader("1\n2\n"), "t")
+	if err != nil || txt.Writes != nil || txt.Wrote(1) {
+		t.Fatalf("text stream: %+v, %v: want no write bits", txt, err)
+	}
+}
+
+// refClock is second-chance FIFO, the definition: a circular scan with a use bit.
+func refClock(seq []uint64, marks []bool, frames int) int {
+	var q []uint64
+	bit := map[uint64]bool{}
+	misses := 0
+	for i, p := range seq {
+		if slices.Contains(q, p) {
+			bit[p] = bit[p] || marks[i]
+			continue
+		}
+		misses++
+		if len(q) == frames {
+			for bit[q[0]] {
+				bit[q[0]] = false
+				q = append(q[1:], q[0])
+			}
+			delete(bit, q[0])
+			q = q[1:]
+		}
+		q = append(q, p)
+		bit[p] = marks[i]
+	}
+	return misses
+}
+
+// Clock against its definition, marked by every access (the accessed bit: between LRU and
+// FIFO here, never below MIN), by none (FIFO), and by the writes.
+func TestClockAgainstDefinition(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	for round := range 20 {
+		pages := 3 + r.IntN(50)
+		seq, raw := make([]uint64, 3000), make([]uint64, 3000)
+		writes := make([]bool, len(seq))
+		for i := range seq {
+			seq[i] = uint64(r.IntN(1 + r.IntN(pages)))
+			raw[i] = seq[i]
+			if writes[i] = r.IntN(4) == 0; writes[i] {
+				raw[i] |= PagesWrote
+			}
+		}
+		a := accessesOf(t, raw)
+		all, none := make([]bool, len(seq)), make([]bool, len(seq))
+		for i := range all {
+			all[i] = true
+		}
+		for _, frames := range []int{1, 2, pages / 2, pages - 1} {
+			if frames < 1 {
+				continue
+			}
+			for name, marks := range map[string][]bool{"accessed": all, "none": none, "written": writes} {
+				got := Clock(a, frames, func(i int) bool { return marks[i] })
+				if want := refClock(seq, marks, frames); int(got.Cold+got.Refaults) != want {
+					t.Fatalf("round %d, %d frames, %s bits: %+v, want %d misses", round, frames, name, got, want)
+				}
+			}
+			if c, m := Clock(a, frames, a.Wrote), MIN(a, frames); c.Refaults < m.Refaults {
+				t.Fatalf("round %d: clock on written bits %+v below MIN %+v", round, c, m)
 			}
 		}
 	}

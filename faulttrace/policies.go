@@ -178,3 +178,48 @@ func (h *useHeap) keep(live func(at, page uint32) bool) {
 		kept.down(i)
 	}
 }
+
+// Clock replays a through second-chance FIFO (CLOCK) holding at most capPages pages, each
+// resident page with one bit that mark sets: an access sets it when mark(i) says so (the
+// faulting access included). At a miss at the cap, pages leave the queue's head in order; one
+// with its bit set is passed over instead, its bit cleared, to the tail. With every access
+// marking, the bit is the accessed bit a kernel's page tables keep (CLOCK, LRU's usual
+// stand-in); with only writes marking, it is the written bit UFFD_FEATURE_WP_ASYNC with
+// PAGEMAP_SCAN reports without a fault.
+func Clock(a *Accesses, capPages int, mark func(i int) bool) Misses {
+	in, seen, bit := make([]bool, len(a.Pages)), make([]bool, len(a.Pages)), make([]bool, len(a.Pages))
+	queue := make([]uint32, 0, 2*capPages) // resident pages, oldest first, from head
+	head := 0
+	var m Misses
+	for i, p := range a.Seq {
+		if in[p] {
+			bit[p] = bit[p] || mark(i)
+			continue
+		}
+		if seen[p] {
+			m.Refaults++
+		} else {
+			m.Cold++
+			seen[p] = true
+		}
+		if len(queue)-head == capPages {
+			for {
+				v := queue[head]
+				head++
+				if !bit[v] {
+					in[v] = false
+					break
+				}
+				bit[v] = false
+				queue = append(queue, v)
+			}
+			if head > capPages {
+				queue = append(queue[:0], queue[head:]...)
+				head = 0
+			}
+		}
+		in[p], bit[p] = true, mark(i)
+		queue = append(queue, p)
+	}
+	return m
+}

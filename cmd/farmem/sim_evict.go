@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -57,8 +58,9 @@ type simEvictRow struct {
 	XLRU     float64 `json:"x_lru,omitempty"` // Refaults over LRU's at this cap (0: LRU took none)
 }
 
-// simEvictPolicies are the rows of each cap, in order.
-var simEvictPolicies = []string{"min", "lru", "farmem", "fifo"}
+// simEvictPolicies are the rows of each cap, in order (clock-w only for a stream that says
+// which accesses wrote).
+var simEvictPolicies = []string{"min", "lru", "clock", "clock-w", "farmem", "fifo"}
 
 func simEvict(c *cli.Context) error {
 	for _, f := range []string{"prefetcher", "mode", "cache-pages", "prefetch-history", "prefetch-split", "prefetch-max"} {
@@ -105,6 +107,10 @@ func simEvict(c *cli.Context) error {
 		}
 	}
 	res := simEvictResult{Trace: c.String("trace"), Accesses: len(acc.Seq), Pages: acc.Distinct(), Reserve: reserve, Heat: heat, Caps: caps, Heads: map[string]int{}}
+	policies := simEvictPolicies
+	if acc.Writes == nil {
+		policies = slices.DeleteFunc(slices.Clone(policies), func(p string) bool { return p == "clock-w" })
+	}
 	for _, cp := range caps {
 		held := cp - reserve
 		head := max(simMinHead, min(held/16, 2*evictor.BatchPages))
@@ -113,13 +119,17 @@ func simEvict(c *cli.Context) error {
 		}
 		head = min(head, held-1) // at least a page held
 		res.Heads[strconv.Itoa(cp)] = head
-		for _, pol := range simEvictPolicies {
+		for _, pol := range policies {
 			row := simEvictRow{Cap: cp, Held: held, Policy: pol}
 			switch pol {
 			case "min":
 				row.Refaults = faulttrace.MIN(acc, held).Refaults
 			case "lru":
 				row.Refaults = faulttrace.LRU(acc, held).Refaults
+			case "clock":
+				row.Refaults = faulttrace.Clock(acc, held, func(int) bool { return true }).Refaults
+			case "clock-w":
+				row.Refaults = faulttrace.Clock(acc, held, acc.Wrote).Refaults
 			default:
 				h := uint8(heat)
 				if pol == "fifo" {
@@ -136,7 +146,7 @@ func simEvict(c *cli.Context) error {
 			}
 			res.Rows = append(res.Rows, row)
 		}
-		rows := res.Rows[len(res.Rows)-len(simEvictPolicies):]
+		rows := res.Rows[len(res.Rows)-len(policies):]
 		for i := range rows {
 			rows[i].XMIN, rows[i].XLRU = simRatio(rows[i].Refaults, rows[0].Refaults), simRatio(rows[i].Refaults, rows[1].Refaults)
 		}
@@ -162,8 +172,10 @@ func printSimEvict(out io.Writer, res simEvictResult) {
 	if res.Reserve > 0 {
 		fmt.Fprintf(out, "%d pages of each cap reserved for memory the stream does not show\n", res.Reserve)
 	}
-	fmt.Fprintf(out, "min = Belady's MIN; lru = least recently used; farmem = its page table's queue (--evict-heat %d,\n"+
-		"victims in blocks of %d), evicting from half the head below the cap to the head below it; fifo = that at --evict-heat 0\n\n", res.Heat, pagetable.DefaultVictimBlock)
+	fmt.Fprintf(out, "min = Belady's MIN; lru = least recently used; clock = second-chance FIFO on accessed bits;\n"+
+		"clock-w = the same on written bits only (what UFFD_FEATURE_WP_ASYNC and PAGEMAP_SCAN tell without a fault);\n"+
+		"farmem = its page table's queue (--evict-heat %d, victims in blocks of %d), evicting from half the head\n"+
+		"below the cap to the head below it; fifo = that at --evict-heat 0\n\n", res.Heat, pagetable.DefaultVictimBlock)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CAP\tHELD\tPOLICY\tREFAULTS\tX MIN\tX LRU\tHEAD\tRUNS")
 	ratio := func(x float64) string {

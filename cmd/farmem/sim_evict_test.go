@@ -16,7 +16,8 @@ import (
 )
 
 // Belady's anomaly sequence, as a text access stream: 5 pages; at 3 frames MIN takes 7 misses,
-// LRU 10 and FIFO 9 (2, 5 and 4 of them re-faults).
+// LRU 10 and FIFO 9 (2, 5 and 4 of them re-faults), CLOCK as FIFO. A text stream says nothing
+// of writes: no clock-w row.
 const beladyStream = "# Belady's sequence\n1\n2\n3\n4\n1\n2\n5\n1\n2\n3\n4\n5\n"
 
 func TestSimEvictTable(t *testing.T) {
@@ -30,10 +31,12 @@ func TestSimEvictTable(t *testing.T) {
 		`.*CAP +HELD +POLICY +REFAULTS +X MIN +X LRU +HEAD +RUNS\n` +
 		`3 +3 +min +2 +1\.00 +0\.40 +- +-\n` +
 		`3 +3 +lru +5 +2\.50 +1\.00 +- +-\n` +
+		`3 +3 +clock +4 +2\.00 +0\.80 +- +-\n` +
 		`3 +3 +farmem +4 +2\.00 +0\.80 +0 +\d+\n` +
 		`3 +3 +fifo +4 +2\.00 +0\.80 +0 +\d+\n` +
 		`4 +4 +min +1 +1\.00 +0\.33 .*\n` +
 		`4 +4 +lru +3 +3\.00 +1\.00 .*\n` +
+		`4 +4 +clock +5 +5\.00 +1\.67 .*\n` +
 		`4 +4 +farmem +5 +5\.00 +1\.67 .*\n` +
 		`4 +4 +fifo +5 +5\.00 +1\.67 .*\n\z`)
 	if !want.MatchString(out) {
@@ -58,7 +61,7 @@ func TestSimEvictJSONReserve(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}
-	if res.Accesses != 12 || res.Pages != 5 || res.Reserve != 2 || len(res.Rows) != 4 {
+	if res.Accesses != 12 || res.Pages != 5 || res.Reserve != 2 || len(res.Rows) != 6 || res.Rows[3].Policy != "clock-w" {
 		t.Fatalf("unexpected: %+v", res)
 	}
 	for _, r := range res.Rows {

@@ -13,8 +13,9 @@
  *   PAGETRACE=prog.pages ./prog.traced ARGS
  *
  * The file written is the page stream format of package faulttrace: the 8 bytes "FMPAGES1",
- * then one little-endian uint64 page number (address >> 12) per access, consecutive accesses to
- * the same page written once (they cannot change what LRU or MIN evicts, nor their misses).
+ * then one little-endian uint64 per access, the page number (address >> 12) with bit 63 set if
+ * the access wrote; consecutive accesses to the same page written once, a write among them
+ * marking the record (they cannot change what LRU or MIN evicts, nor their misses).
  * At exit one line on stderr: "pagetrace: accesses=N records=R rss_anon_kib=K own_kib=O", where
  * K is the process's anonymous resident memory then (/proc/self/status: RssAnon) and O the part
  * of it that is this recorder's buffer, so that the pages outside the stream (stack, libc's
@@ -54,16 +55,23 @@ static void flush(void)
 	nbuf = 0;
 }
 
-static inline void rec(uint64_t addr, uint64_t size)
+#define WROTE (1ULL << 63)
+
+static inline void rec(uint64_t addr, uint64_t size, uint64_t wrote)
 {
 	accesses++;
 	if (fd < 0)
 		return;
 	for (uint64_t p = addr >> 12, e = (addr + size - 1) >> 12; p <= e; p++) {
-		if (p == last)
+		/* A write after reads of the same page marks their record, if not yet flushed (else
+		 * it starts a record of its own: a repeat changes no policy's choice). */
+		if (p == last && (!wrote || nbuf > 0)) {
+			if (wrote)
+				buf[nbuf - 1] |= WROTE;
 			continue;
+		}
 		last = p;
-		buf[nbuf++] = p;
+		buf[nbuf++] = p | wrote;
 		records++;
 		if (nbuf == BUF_RECORDS)
 			flush();
@@ -127,30 +135,30 @@ void __tsan_init(void)
 	atexit(finish);
 }
 
-#define ACCESS(name, size)                                                                   \
-	void __tsan_##name##size(void *a) { rec((uintptr_t)a, size); }                       \
-	void __tsan_unaligned_##name##size(void *a) { rec((uintptr_t)a, size); }             \
-	void __tsan_volatile_##name##size(void *a) { rec((uintptr_t)a, size); }
-ACCESS(read, 1)
-ACCESS(read, 2)
-ACCESS(read, 4)
-ACCESS(read, 8)
-ACCESS(read, 16)
-ACCESS(write, 1)
-ACCESS(write, 2)
-ACCESS(write, 4)
-ACCESS(write, 8)
-ACCESS(write, 16)
+#define ACCESS(name, size, wrote)                                                            \
+	void __tsan_##name##size(void *a) { rec((uintptr_t)a, size, wrote); }                \
+	void __tsan_unaligned_##name##size(void *a) { rec((uintptr_t)a, size, wrote); }      \
+	void __tsan_volatile_##name##size(void *a) { rec((uintptr_t)a, size, wrote); }
+ACCESS(read, 1, 0)
+ACCESS(read, 2, 0)
+ACCESS(read, 4, 0)
+ACCESS(read, 8, 0)
+ACCESS(read, 16, 0)
+ACCESS(write, 1, WROTE)
+ACCESS(write, 2, WROTE)
+ACCESS(write, 4, WROTE)
+ACCESS(write, 8, WROTE)
+ACCESS(write, 16, WROTE)
 
 void __tsan_read_range(void *a, unsigned long size)
 {
 	if (size)
-		rec((uintptr_t)a, size);
+		rec((uintptr_t)a, size, 0);
 }
 void __tsan_write_range(void *a, unsigned long size)
 {
 	if (size)
-		rec((uintptr_t)a, size);
+		rec((uintptr_t)a, size, WROTE);
 }
 void __tsan_func_entry(void *pc) { (void)pc; }
 void __tsan_func_exit(void) {}
