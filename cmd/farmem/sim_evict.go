@@ -60,7 +60,7 @@ type simEvictRow struct {
 
 // simEvictPolicies are the rows of each cap, in order (clock-w only for a stream that says
 // which accesses wrote).
-var simEvictPolicies = []string{"min", "lru", "clock", "clock-w", "farmem", "fifo"}
+var simEvictPolicies = []string{"min", "lru", "clock", "clock-w", "farmem", "farmem-0", "fifo"}
 
 func simEvict(c *cli.Context) error {
 	for _, f := range []string{"prefetcher", "mode", "cache-pages", "prefetch-history", "prefetch-split", "prefetch-max"} {
@@ -131,9 +131,12 @@ func simEvict(c *cli.Context) error {
 			case "clock-w":
 				row.Refaults = faulttrace.Clock(acc, held, acc.Wrote).Refaults
 			default:
-				h := uint8(heat)
-				if pol == "fifo" {
+				h, hd := uint8(heat), head
+				switch pol {
+				case "fifo":
 					h = 0
+				case "farmem-0":
+					hd = 0
 				}
 				r := pagetable.Replay(func(yield func(uint64) bool) {
 					for _, id := range acc.Seq {
@@ -141,7 +144,7 @@ func simEvict(c *cli.Context) error {
 							return
 						}
 					}
-				}, pagetable.ReplayConfig{Cap: held, Head: head, Batch: evictor.BatchPages, MaxHeat: h, VictimBlock: pagetable.DefaultVictimBlock})
+				}, pagetable.ReplayConfig{Cap: held, Head: hd, Batch: evictor.BatchPages, MaxHeat: h, VictimBlock: pagetable.DefaultVictimBlock})
 				row.Refaults, row.Runs = r.Refaults, r.Runs
 			}
 			res.Rows = append(res.Rows, row)
@@ -175,7 +178,8 @@ func printSimEvict(out io.Writer, res simEvictResult) {
 	fmt.Fprintf(out, "min = Belady's MIN; lru = least recently used; clock = second-chance FIFO on accessed bits;\n"+
 		"clock-w = the same on written bits only (what UFFD_FEATURE_WP_ASYNC and PAGEMAP_SCAN tell without a fault);\n"+
 		"farmem = its page table's queue (--evict-heat %d, victims in blocks of %d), evicting from half the head\n"+
-		"below the cap to the head below it; fifo = that at --evict-heat 0\n\n", res.Heat, pagetable.DefaultVictimBlock)
+		"below the cap to the head below it; farmem-0 = that with no head: the whole cap, as the others;\n"+
+		"fifo = farmem at --evict-heat 0\n\n", res.Heat, pagetable.DefaultVictimBlock)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CAP\tHELD\tPOLICY\tREFAULTS\tX MIN\tX LRU\tHEAD\tRUNS")
 	ratio := func(x float64) string {
@@ -186,8 +190,11 @@ func printSimEvict(out io.Writer, res simEvictResult) {
 	}
 	for _, r := range res.Rows {
 		head, runs := "-", "-"
-		if r.Policy == "farmem" || r.Policy == "fifo" {
+		switch r.Policy {
+		case "farmem", "fifo":
 			head, runs = strconv.Itoa(res.Heads[strconv.Itoa(r.Cap)]), strconv.FormatUint(r.Runs, 10)
+		case "farmem-0":
+			head, runs = "0", strconv.FormatUint(r.Runs, 10)
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%s\t%s\t%s\t%s\n", r.Cap, r.Held, r.Policy, r.Refaults, ratio(r.XMIN), ratio(r.XLRU), head, runs)
 	}

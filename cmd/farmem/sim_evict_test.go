@@ -33,11 +33,13 @@ func TestSimEvictTable(t *testing.T) {
 		`3 +3 +lru +5 +2\.50 +1\.00 +- +-\n` +
 		`3 +3 +clock +4 +2\.00 +0\.80 +- +-\n` +
 		`3 +3 +farmem +4 +2\.00 +0\.80 +0 +\d+\n` +
+		`3 +3 +farmem-0 +4 +2\.00 +0\.80 +0 +\d+\n` +
 		`3 +3 +fifo +4 +2\.00 +0\.80 +0 +\d+\n` +
 		`4 +4 +min +1 +1\.00 +0\.33 .*\n` +
 		`4 +4 +lru +3 +3\.00 +1\.00 .*\n` +
 		`4 +4 +clock +5 +5\.00 +1\.67 .*\n` +
 		`4 +4 +farmem +5 +5\.00 +1\.67 .*\n` +
+		`4 +4 +farmem-0 +5 +5\.00 +1\.67 .*\n` +
 		`4 +4 +fifo +5 +5\.00 +1\.67 .*\n\z`)
 	if !want.MatchString(out) {
 		t.Errorf("unexpected:\n%s", out)
@@ -61,7 +63,7 @@ func TestSimEvictJSONReserve(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}
-	if res.Accesses != 12 || res.Pages != 5 || res.Reserve != 2 || len(res.Rows) != 6 || res.Rows[3].Policy != "clock-w" {
+	if res.Accesses != 12 || res.Pages != 5 || res.Reserve != 2 || len(res.Rows) != 7 || res.Rows[3].Policy != "clock-w" {
 		t.Fatalf("unexpected: %+v", res)
 	}
 	for _, r := range res.Rows {

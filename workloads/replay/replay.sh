@@ -63,7 +63,7 @@ verdict() { grep -E '^(micro: OK bad=0|pagerank: OK checksum=[0-9a-f]+ )' "$1" |
 
 commit=$(git rev-parse --short=12 HEAD)
 changed=$(git status --porcelain --untracked-files=no | awk '{print $2}' | tr '\n' ' ')
-echo "commit,workload,args,footprint_kib,cap_pct,cap_pages,held_pages,stream_accesses,stream_pages,fault_trace_records,live_secs,live_refaults,min_refaults,lru_refaults,clock_refaults,clock_written_refaults,table_refaults,table_fifo_refaults,live_x_lru,live_x_min,table_x_lru,lru_x_min" >"$csv.tmp"
+echo "commit,workload,args,footprint_kib,cap_pct,cap_pages,held_pages,stream_accesses,stream_pages,fault_trace_records,live_secs,live_refaults,min_refaults,lru_refaults,clock_refaults,clock_written_refaults,table_refaults,table_whole_cap_refaults,table_fifo_refaults,live_x_lru,live_x_min,table_x_lru,table_whole_cap_x_lru,lru_x_min" >"$csv.tmp"
 for wl in $workloads; do
   args=$(args_of "$wl")
   prog=${wl%%-*}
@@ -106,9 +106,9 @@ for wl in $workloads; do
     rm -f "$log.fmtrace"
     q() { jq -r --argjson c "$cp" --arg p "$1" '.rows[] | select(.cap_pages == $c and .policy == $p) | .'"$2" "$work/$wl.sim.json"; }
     held=$(q min held_pages)
-    mn=$(q min refaults) lru=$(q lru refaults) ck=$(q clock refaults) cw=$(q clock-w refaults) tb=$(q farmem refaults) ff=$(q fifo refaults)
+    mn=$(q min refaults) lru=$(q lru refaults) ck=$(q clock refaults) cw=$(q clock-w refaults) tb=$(q farmem refaults) t0=$(q farmem-0 refaults) ff=$(q fifo refaults)
     r() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print ""; else printf "%.2f", a / b }'; }
-    echo "$commit,$wl,$args,$foot,$pct,$cp,$held,$accesses,$pages,$records,$(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }'),$live,$mn,$lru,$ck,$cw,$tb,$ff,$(r "$live" "$lru"),$(r "$live" "$mn"),$(r "$tb" "$lru"),$(r "$lru" "$mn")" >>"$csv.tmp"
+    echo "$commit,$wl,$args,$foot,$pct,$cp,$held,$accesses,$pages,$records,$(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }'),$live,$mn,$lru,$ck,$cw,$tb,$t0,$ff,$(r "$live" "$lru"),$(r "$live" "$mn"),$(r "$tb" "$lru"),$(r "$t0" "$lru"),$(r "$lru" "$mn")" >>"$csv.tmp"
     echo "replay.sh: $wl $pct %: live $live re-faults, replayed: table $tb, LRU $lru, MIN $mn" >&2
   done
 done
@@ -119,10 +119,10 @@ mv "$csv.tmp" "$csv"
   echo
   echo "\`make bench-replay\` (workloads/replay/replay.sh) at farmem $commit${changed:+ with uncommitted changes in $changed}; one run each; raw rows: [$(basename "$csv")]($(basename "$csv"))."
   echo
-  echo "| workload | cap | cap pages (held in replay) | live re-faults | farmem's table, replayed (its FIFO) | LRU | MIN | CLOCK, accessed bits | CLOCK, written bits | live / LRU | live / MIN | table / LRU | LRU / MIN | live faults recorded |"
+  echo "| workload | cap | cap pages (held in replay) | live re-faults | farmem's table, replayed (whole cap; FIFO) | LRU | MIN | CLOCK, accessed bits | CLOCK, written bits | live / LRU | live / MIN | table / LRU (whole cap) | LRU / MIN | live faults recorded |"
   echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-  tail -n +2 "$csv" | while IFS=, read -r _ wl _ _ pct cp held _ _ rec _ live mn lru ck cw tb ff xl xm tl lm; do
-    echo "| $wl | $pct % | $cp ($held) | $live | $tb ($ff) | $lru | $mn | $ck | $cw | $xl | $xm | $tl | $lm | $rec |"
+  tail -n +2 "$csv" | while IFS=, read -r _ wl _ _ pct cp held _ _ rec _ live mn lru ck cw tb t0 ff xl xm tl t0l lm; do
+    echo "| $wl | $pct % | $cp ($held) | $live | $tb ($t0; $ff) | $lru | $mn | $ck | $cw | $xl | $xm | $tl ($t0l) | $lm | $rec |"
   done
   echo
   echo "Per workload, the access stream (accesses after folding repeats of a page at once; its distinct pages), against which a live fault trace (the last column above) is a small sample:"
