@@ -21,7 +21,8 @@
  * of it that is this recorder's buffer, so that the pages outside the stream (stack, libc's
  * data, anything uninstrumented code touched) can be told: K - O less the stream's pages.
  *
- * Single-threaded programs only: the stream is kept without a lock.
+ * Single-threaded programs only: the stream is kept without a lock. A fork child records
+ * nothing (its copy of the file is closed at once): the stream is the parent's.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -30,6 +31,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #define BUF_RECORDS (1 << 20) /* 8 MiB of records between writes */
@@ -92,6 +94,12 @@ static long rss_anon_kib(void)
 	return kib;
 }
 
+static void child(void)
+{
+	close(fd);
+	fd = -1;
+}
+
 static void finish(void)
 {
 	if (fd < 0)
@@ -133,6 +141,7 @@ void __tsan_init(void)
 		_exit(3);
 	}
 	atexit(finish);
+	pthread_atfork(NULL, NULL, child);
 }
 
 #define ACCESS(name, size, wrote)                                                            \
