@@ -111,6 +111,12 @@ swap-check:
 bench-prefetch: build
 	workloads/bench/prefetch.sh
 
+# farmem's victim choice against LRU and Belady's MIN on each workload's own access stream (issue
+# 18), at 50 % and 25 % caps: results/replay.md and replay.csv (a few minutes, as root).
+.PHONY: bench-replay
+bench-replay: build
+	workloads/replay/replay.sh
+
 # The transports (tcp, shm) against the raw floors measured in the same run (about 20 s, as root:
 # the fault-service table needs userfaultfd): results/fabric.md.
 .PHONY: bench-fabric bin/bench-fabric

@@ -3,6 +3,7 @@ package faulttrace
 import (
 	"bytes"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -31,6 +32,31 @@ func FuzzReader(f *testing.F) {
 		}
 		if _, err := r.Next(); err != io.EOF {
 			t.Fatalf("more records than bytes: %v", err)
+		}
+	})
+}
+
+// Reading an access stream never panics on any input, and what it returns is consistent: every
+// access names a page it numbered, and a page stream has a write bit for each access.
+func FuzzAccesses(f *testing.F) {
+	for _, seed := range [][]byte{pageStream(1, 2|PagesWrote, 1), pageStream(1)[:12], []byte("0x10\n7 12\n"), []byte(Magic), []byte("FMPAGES0"), {0, 1, 2}} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		a, err := NewAccesses(bytes.NewReader(data), "fuzz")
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("a multi-line error: %q", err)
+			}
+			return
+		}
+		for _, id := range a.Seq {
+			if int(id) >= a.Distinct() {
+				t.Fatalf("access to page %d of %d", id, a.Distinct())
+			}
+		}
+		if a.Writes != nil && len(a.Writes) != (len(a.Seq)+63)/64 {
+			t.Fatalf("%d write words for %d accesses", len(a.Writes), len(a.Seq))
 		}
 	})
 }

@@ -23,7 +23,7 @@ const simModeBoth = "both"
 func simCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "sim",
-		Usage: "replay a fault trace through prefetchers and report their accuracy, coverage and timeliness",
+		Usage: "replay a fault trace through prefetchers and report their accuracy, coverage and timeliness;\n\tor, with --cap-pages, an access stream through eviction policies",
 		Description: "Each process in the trace gets its own prefetcher. --mode says where predicted pages go,\n" +
 			"as farmem run's --prefetch-mode; each row's MODE column says which:\n" +
 			"  map    farmem run's default: a predicted page is installed in the program right away,\n" +
@@ -49,8 +49,14 @@ func simCommand() *cli.Command {
 			"A trace is farmem run --record-faults FILE (record with --prefetch none: a trace holds the\n" +
 			"run's misses only; first-touch and write-protect faults in it are skipped) or a text file\n" +
 			"with one page number (address >> 12) per line, decimal or 0x-hex, optionally after a pid;\n" +
-			"# starts a comment. Example: farmem sim --trace workloads/traces/leap-paper.txt",
-		Flags: []cli.Flag{
+			"# starts a comment. Example: farmem sim --trace workloads/traces/leap-paper.txt\n\n" +
+			"With --cap-pages, the file is an access stream instead, every access of the program (a\n" +
+			"page stream from workloads/replay/pagetrace.c, or page numbers one a line), and each cap\n" +
+			"gets a row per eviction policy: Belady's MIN, LRU, farmem's page table and its FIFO, with\n" +
+			"their re-faults (misses on pages seen before) and farmem's contiguous runs evicted. A fault\n" +
+			"trace is refused there: it holds the faults only, not the accesses to resident pages that\n" +
+			"LRU counts as uses. make bench-replay compares them with live runs (results/replay.md).",
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "trace", Usage: "the fault trace FILE to replay (binary or text); required"},
 			&cli.StringFlag{Name: "prefetcher", Value: "all", Usage: "which prefetchers to compare: all, one of " + strings.Join(prefetch.Names(), ", ") + ", or a\n\tcomma list, one row each"},
 			&cli.StringFlag{Name: "mode", Value: simModeBoth, Usage: "where predicted pages go: map (farmem run's default), cache (Leap's), or both (a row\n\teach)"},
@@ -60,7 +66,7 @@ func simCommand() *cli.Command {
 			&cli.IntFlag{Name: "prefetch-max", Usage: "most pages prefetched for one fault (leap's and readahead's window cap, nextn's N, stride's\n\tdegree), in both modes",
 				DefaultText: fmt.Sprintf("%d in map mode, as farmem run; %d in cache mode, as the paper", runDefaultPrefetchMax, prefetch.DefaultMax)},
 			&cli.BoolFlag{Name: "json", Usage: "print the results as JSON instead of a table"},
-		},
+		}, simEvictFlags()...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {
@@ -68,6 +74,14 @@ func simCommand() *cli.Command {
 			}
 			if c.String("trace") == "" {
 				return usagef("--trace FILE is required: a fault trace from farmem run --record-faults, or a text file of page numbers")
+			}
+			if c.IsSet("cap-pages") {
+				return simEvict(c)
+			}
+			for _, f := range []string{"reserve-pages", "evict-heat", "head"} {
+				if c.IsSet(f) {
+					return usagef("--%s is an eviction replay setting: give --cap-pages too", f)
+				}
 			}
 			for _, f := range []string{"cache-pages", "prefetch-history", "prefetch-split", "prefetch-max"} {
 				if c.Int(f) < 1 && (f != "prefetch-max" || c.IsSet(f)) {
