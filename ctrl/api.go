@@ -25,7 +25,6 @@ const (
 	DefaultDeadRetention  = 24 * time.Hour         // a dead server stays listed this long
 	DefaultSlabPages      = 16384                  // 64 MiB slabs
 	MaxReplicas           = 8                      // more copies than this is a mistake, not a policy
-	MaxClockSkew          = 5 * time.Minute        // accepted difference between a request's timestamp and the ctrl's clock
 )
 
 // Replica states.

@@ -3,10 +3,13 @@ package ctrl
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
@@ -21,27 +24,65 @@ import (
 // Client talks to a ctrl. Safe for concurrent use. Every error wraps one of the Err* kinds
 // (errors.Is); an unreachable ctrl gives an error naming its address.
 type Client struct {
-	addr string // as given, for messages
-	base string // http://host:port
-	tok  fabric.Token
-	hc   *http.Client
+	addr  string // as given, for messages
+	base  string // http://host:port or https://host:port
+	tok   fabric.Token
+	hc    *http.Client
+	clear error // non-nil: the token must not be sent in clear to this address (why)
 }
 
-// NewClient returns a client of the ctrl at addr (host:port, or an http:// URL).
-func NewClient(addr string, tok fabric.Token) *Client {
+// NewClient returns a client of the ctrl at addr (host:port, or an http:// or https:// URL).
+// With ca (the cluster CA, see `farmem cert`) the ctrl is reached over TLS and its certificate
+// must chain to ca; an https:// URL without ca is checked against the system's roots. In clear,
+// the client talks only to a loopback address: the token crosses the wire as a bearer credential.
+func NewClient(addr string, tok fabric.Token, ca *x509.CertPool) *Client {
 	base := strings.TrimRight(addr, "/")
 	if !strings.Contains(base, "://") {
-		base = "http://" + base
+		scheme := "http://"
+		if ca != nil {
+			scheme = "https://"
+		}
+		base = scheme + base
 	}
-	// A bound on every call even if the caller's context has none: the ctrl answers from
-	// memory plus at most one fsync, so 15 s means it is gone, not slow.
-	return &Client{addr: addr, base: base, tok: tok, hc: &http.Client{Timeout: 15 * time.Second}}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: ca, MinVersion: tls.VersionTLS13}
+	c := &Client{addr: addr, base: base, tok: tok,
+		// A bound on every call even if the caller's context has none: the ctrl answers from
+		// memory plus at most one store write, so 15 s means it is gone, not slow.
+		hc: &http.Client{Timeout: 15 * time.Second, Transport: tr}}
+	if strings.HasPrefix(base, "http://") {
+		c.clear = CheckPlaintext(addr)
+	}
+	return c
+}
+
+// CheckPlaintext says why the ctrl at addr may not be reached in clear: it is not on a loopback
+// address, so the cluster token would cross a network readable by others.
+func CheckPlaintext(addr string) error {
+	hostport := addr
+	if u, err := url.Parse(addr); err == nil && u.Host != "" {
+		if u.Scheme == "https" {
+			return nil
+		}
+		hostport = u.Host
+	}
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return errorf(ErrBadRequest, "refusing to send the cluster token in clear to the ctrl at %s: reach it over TLS with --ca FILE (the cluster CA, made by farmem cert); only a ctrl on a loopback address is spoken to without TLS", addr)
 }
 
 // Addr is the ctrl's address as given.
 func (c *Client) Addr() string { return c.addr }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	if c.clear != nil {
+		return c.clear
+	}
 	var body []byte
 	if in != nil {
 		var err error
@@ -59,7 +100,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if err != nil {
 		return fmt.Errorf("farmem ctrl at %s: %w", c.addr, err)
 	}
-	req.Header.Set(AuthHeader, signRequest(c.tok, method, req.URL.Path, body, time.Now()))
+	req.Header.Set("Authorization", bearerPrefix+string(c.tok))
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -86,6 +127,8 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		switch {
 		case resp.StatusCode == http.StatusUnauthorized && msg == "":
 			msg = UnauthorizedMsg
+		case resp.StatusCode == http.StatusBadRequest && bytes.Contains(b, []byte("HTTP request to an HTTPS server")):
+			msg = "it serves TLS: give --ca FILE (the cluster CA, from farmem cert)"
 		case msg == "":
 			msg = fmt.Sprintf("%s %s: HTTP %s (is %s a farmem ctrl?)", method, path, resp.Status, c.addr)
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/ctrl"
+	"github.com/farmem/farmem/ctrl/etcdtest"
 	"github.com/farmem/farmem/fabric"
 )
 
@@ -22,13 +23,20 @@ import (
 // network goes, so a link can be cut (`ip link set down`) as well as a process killed.
 // Traffic stays inside namespaces the test created: 10.77.0.1 (the ctrl, on the root's lo)
 // and 10.77.N.1/10.77.N.2 (root and server N ends of veth N).
+//
+// The ctrl serves over TLS with a certificate from `farmem cert` (its address is not loopback),
+// and keeps its state in a file, or with withEtcd in a real etcd on the root's loopback.
 type netCluster struct {
 	t       *testing.T
 	tag     string // unique per test: names of namespaces and links
 	token   string // token file
+	ca      string // the cluster CA: every client's --ca
 	ctrl    string // ctrl address
 	servers []*netServer
 }
+
+// withEtcd keeps a netCluster's ctrl state in etcd.
+const withEtcd = true
 
 type netServer struct {
 	ns, link, addr string
@@ -60,7 +68,7 @@ func ip(t *testing.T, args ...string) {
 	}
 }
 
-func newNetCluster(t *testing.T, servers int) *netCluster {
+func newNetCluster(t *testing.T, servers int, etcd ...bool) *netCluster {
 	if os.Getuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
@@ -76,8 +84,17 @@ func newNetCluster(t *testing.T, servers int) *netCluster {
 	ip(t, "addr", "add", "10.77.0.1/32", "dev", "lo")
 	t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.77.0.1/32", "dev", "lo").Run() })
 	c.ctrl = fmt.Sprintf("10.77.0.1:%d", freePort(t))
-	startLogged(t, "ctrl", farmemBin(t), "ctrl", "--listen", c.ctrl, "--state", filepath.Join(dir, "ctrl"),
-		"--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s")
+	certs := filepath.Join(dir, "tls")
+	if out, err := exec.Command(farmemBin(t), "cert", "--dir", certs, "--host", "10.77.0.1").CombinedOutput(); err != nil {
+		t.Fatalf("farmem cert: %v: %s", err, out)
+	}
+	c.ca = filepath.Join(certs, "ca.pem")
+	store := []string{"--state", filepath.Join(dir, "ctrl")}
+	if len(etcd) > 0 && etcd[0] {
+		store = []string{"--etcd", strings.Join(etcdtest.Start(t, 1, "").Endpoints(), ",")}
+	}
+	startLogged(t, "ctrl", append([]string{farmemBin(t), "ctrl", "--listen", c.ctrl, "--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s",
+		"--tls-cert", filepath.Join(certs, "ctrl.pem"), "--tls-key", filepath.Join(certs, "ctrl-key.pem")}, store...)...)
 	for i := 1; i <= servers; i++ {
 		c.addServer(i)
 	}
@@ -108,7 +125,7 @@ func (c *netCluster) addServer(i int) {
 	ip(t, "-n", s.ns, "link", "set", "lo", "up")
 	ip(t, "-n", s.ns, "route", "add", "default", "via", fmt.Sprintf("10.77.%d.1", i))
 	s.cmd, _ = startLogged(t, "memserver "+s.addr, "ip", "netns", "exec", s.ns, farmemBin(t), "memserver",
-		"--listen", s.addr, "--capacity", "512MiB", "--ctrl", c.ctrl, "--token-file", c.token)
+		"--listen", s.addr, "--capacity", "512MiB", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca)
 	c.servers = append(c.servers, s)
 }
 
@@ -123,9 +140,13 @@ func (c *netCluster) status() (ctrl.Status, error) {
 	if err != nil {
 		return ctrl.Status{}, err
 	}
+	ca, err := ctrl.LoadCA(c.ca)
+	if err != nil {
+		return ctrl.Status{}, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return ctrl.NewClient(c.ctrl, tok).Status(ctx)
+	return ctrl.NewClient(c.ctrl, tok, ca).Status(ctx)
 }
 
 func (c *netCluster) waitStatus(what string, ok func(ctrl.Status) bool) ctrl.Status {
@@ -169,7 +190,7 @@ func TestClusterRedisSurvivesServerLoss(t *testing.T) {
 	need(t, "redis-server")
 	c := newNetCluster(t, 4)
 	port := freePort(t)
-	args, summary := summarized(t, []string{"run", "--ctrl", c.ctrl, "--token-file", c.token, "--replicas", "2",
+	args, summary := summarized(t, []string{"run", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca, "--replicas", "2",
 		"--local-mem", "24MiB", "--", "redis-server", "--port", strconv.Itoa(port), "--save", "",
 		"--appendonly", "no", "--enable-debug-command", "yes", "--bind", "127.0.0.1"})
 	cmd := exec.Command(farmemBin(t), args...)
@@ -228,8 +249,8 @@ func TestClusterRedisSurvivesServerLoss(t *testing.T) {
 // With one copy of each page, losing its server stops the program with a message naming the
 // server: never zeros, never a hang.
 func TestClusterSingleCopyLossStopsProgram(t *testing.T) {
-	c := newNetCluster(t, 1)
-	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token,
+	c := newNetCluster(t, 1, withEtcd)
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca,
 		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1000000")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -286,6 +307,10 @@ func TestClusterBadInput(t *testing.T) {
 		{[]string{"run", "--ctrl", addr, "--token-file", filepath.Join(dir, "nope"), "--local-mem", "64MiB", "--", "true"}, 125, "reading the cluster token"},
 		{[]string{"run", "--ctrl", unreachable, "--token-file", good, "--local-mem", "64MiB", "--", "true"}, 125, "cannot reach the farmem ctrl at " + unreachable},
 		{[]string{"run", "--replicas", "2", "--local-mem", "64MiB", "--", "true"}, 125, "give --ctrl"},
+		{[]string{"run", "--ctrl", "10.0.0.1:7000", "--token-file", good, "--local-mem", "64MiB", "--", "true"}, 125, "refusing to send the cluster token in clear to the ctrl at 10.0.0.1:7000"},
+		{[]string{"run", "--ca", good, "--local-mem", "64MiB", "--", "true"}, 125, "give --ctrl"},
+		{[]string{"memserver", "--ctrl", "10.0.0.1:7000", "--token-file", good, "--capacity", "64MiB", "--listen", "127.0.0.1:0"}, 125, "refusing to send the cluster token in clear"},
+		{[]string{"cert", "--bogus"}, 125, "flag provided but not defined: -bogus"},
 		{[]string{"run", "--ctrl", addr, "--token-file", good, "--replicas", "0", "--local-mem", "64MiB", "--", "true"}, 125, "--replicas 0"},
 		{[]string{"run", "--ctrl", addr, "--token-file", good, "--compress", "lz4", "--local-mem", "64MiB", "--", "true"}, 125, "--compress applies to the embedded store"},
 		{[]string{"memserver", "--ctrl", addr, "--token-file", bad, "--capacity", "64MiB", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, 1, "wrong or missing cluster token"},

@@ -39,6 +39,7 @@ func memserverCommand() *cli.Command {
 			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
 			spinFlag("after answering a request, poll for the connection's next one up to DURATION (e.g. 50us) before sleeping"),
 			ctrlTokenFlag(""),
+			caFlag(),
 		}, otlpFlags("a span of each traced request (see above)")...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
@@ -63,6 +64,10 @@ func memserverCommand() *cli.Command {
 				return err
 			}
 			tok, err := ctrlLoadToken(c)
+			if err != nil {
+				return err
+			}
+			ctrlc, err := ctrlClient(c)
 			if err != nil {
 				return err
 			}
@@ -125,7 +130,7 @@ func memserverCommand() *cli.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.String("ctrl"), tok), advertise, srv, logf); err != nil {
+			if err := ctrl.ServeHeartbeats(ctx, ctrlc, advertise, srv, logf); err != nil {
 				return cli.Exit(fmt.Sprintf("memserver: %v", err), 1)
 			}
 			return nil
