@@ -144,6 +144,7 @@ var (
 	ErrGone         = errors.New("gone")           // 410: a memory server the ctrl declared dead
 	ErrNoRoom       = errors.New("no room")        // 503: not enough live servers with free memory
 	ErrInternal     = errors.New("internal error") // 500: e.g. the state cannot be written
+	ErrNotLeader    = errors.New("not the leader") // 421: one of several ctrls, not the one deciding; the error names the leader
 )
 
 // UnauthorizedMsg is what a request without the right token is told.
@@ -151,8 +152,9 @@ const UnauthorizedMsg = "wrong or missing cluster token: check --token-file matc
 
 // Error is an API error: a kind (one of the Err* values) and a message for a person.
 type Error struct {
-	Kind error
-	Msg  string
+	Kind   error
+	Msg    string
+	Leader string // with ErrNotLeader: the leading ctrl's address, if one is elected
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -170,6 +172,7 @@ var statusOfKind = map[error]int{
 	ErrGone:         410,
 	ErrInternal:     500,
 	ErrNoRoom:       503,
+	ErrNotLeader:    421,
 }
 
 func httpStatus(err error) int {

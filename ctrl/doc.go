@@ -31,6 +31,17 @@
 // replica. A ctrl that cannot reach its store places nothing (the request fails; no grant
 // leaves the ctrl).
 //
+// Several ctrls (election.go). Any number of ctrls may share one etcd: each campaigns in an
+// etcd election (a lease it keeps alive and a key bound to it), the one with the oldest key
+// leads, and only the leader runs the state machine — it loads the state when it wins, giving
+// every server and session a fresh grace period, since it heard none of their heartbeats. The
+// others answer every request with 421 (ErrNotLeader) naming the leader, and the Client, given
+// the list of ctrls, goes there, or to the next ctrl when one cannot be reached, waiting out an
+// election. The leader's saves are fenced on its leader key: once its lease has ended (it
+// crashed, or was cut off from etcd for the lease's TTL) no save of it lands, so it places
+// nothing more even before it notices; it stops deciding as soon as it does. A leader that
+// stops cleanly saves, resigns, and the next one leads at once.
+//
 // Authentication and replay. The API is served over TLS (TLS 1.3; `farmem cert` makes a
 // cluster CA and the ctrl's certificate, and clients trust only that CA), or in clear on a
 // loopback address only. Every request bears the cluster token: "Authorization: Bearer TOKEN".
@@ -47,6 +58,8 @@
 //
 // The API (JSON; errors are {"error": "..."} with a status code, see the Err* kinds; every
 // request carries the bearer token, else 401):
+//
+// With several ctrls, any request to a follower gets 421 {"error", "leader": "HOST:PORT"}.
 //
 //	POST   /v1/servers/heartbeat              ServerReport → HeartbeatReply (410: this server instance was declared dead)
 //	POST   /v1/sessions                       {"name"} → Session

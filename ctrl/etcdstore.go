@@ -23,6 +23,7 @@ import (
 //	PREFIX/meta               {"version":1,"next_slab":N}
 //	PREFIX/servers/ID         ServerState
 //	PREFIX/sessions/ID        SessionState, with its slabs
+//	PREFIX/leader/LEASE       the ctrls' election (election.go), not part of the state
 //
 // A Save is one etcd transaction that writes the keys whose value changed and deletes the ones
 // that went, and always rewrites meta; it is conditioned on meta's ModRevision being the
@@ -39,9 +40,11 @@ type EtcdStore struct {
 	prefix    string // ends in "/"
 	maxOps    int
 
-	mu       sync.Mutex        // serializes Load and Save (guards known and knownRev)
+	mu       sync.Mutex        // serializes Load and Save (guards the fields below)
 	known    map[string]string // key → value as of knownRev: what a Save diffs against
 	knownRev Revision          // -1: unknown (a transaction's outcome was not heard)
+	fenceKey string            // the leader key this ctrl won with ("": not fenced; election.go)
+	fenceRev int64             // its CreateRevision
 }
 
 // EtcdConfig says where the etcd cluster is.
@@ -130,6 +133,9 @@ func (e *EtcdStore) loadLocked(ctx context.Context) (State, Revision, bool, erro
 	where := func(k string) string { return "in etcd (key " + k + ")" }
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
+		if strings.HasPrefix(k, e.prefix+etcdLeader+"/") {
+			continue // the ctrls' election (election.go), not the state
+		}
 		known[k] = string(kv.Value)
 		switch name := strings.TrimPrefix(k, e.prefix); {
 		case name == etcdMeta:
@@ -158,7 +164,7 @@ func (e *EtcdStore) loadLocked(ctx context.Context) (State, Revision, bool, erro
 		}
 	}
 	if rev == 0 {
-		if len(resp.Kvs) > 0 {
+		if len(known) > 0 {
 			return State{}, 0, false, fmt.Errorf("the ctrl state in etcd under %s has keys but no %s key: it is corrupt", e.prefix, etcdMeta)
 		}
 		e.known, e.knownRev = known, 0
@@ -232,7 +238,11 @@ func (e *EtcdStore) Save(ctx context.Context, st State, rev Revision) (Revision,
 	if rev == 0 {
 		cond = clientv3.Compare(clientv3.CreateRevision(meta), "=", 0)
 	}
-	resp, err := e.cli.Txn(ctx).If(cond).Then(ops...).Commit()
+	txn := e.cli.Txn(ctx).If(append([]clientv3.Cmp{cond}, e.fenceCmp()...)...).Then(ops...)
+	if e.fenceKey != "" {
+		txn = txn.Else(clientv3.OpGet(e.fenceKey)) // which condition failed
+	}
+	resp, err := txn.Commit()
 	if err != nil {
 		// It may have been applied all the same: the next Save reads the store first.
 		e.knownRev = -1
@@ -240,6 +250,11 @@ func (e *EtcdStore) Save(ctx context.Context, st State, rev Revision) (Revision,
 	}
 	if !resp.Succeeded {
 		e.knownRev = -1
+		if e.fenceKey != "" {
+			if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != e.fenceRev {
+				return 0, &Error{Kind: ErrNotLeader, Msg: "this ctrl is no longer the leader (its etcd lease ended): nothing was written"}
+			}
+		}
 		return 0, fmt.Errorf("%w: another writer saved over revision %d in etcd", ErrStale, rev)
 	}
 	e.known, e.knownRev = kv, Revision(resp.Header.Revision)

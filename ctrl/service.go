@@ -28,15 +28,22 @@ type ServiceConfig struct {
 	// Now is the state machine's clock (heartbeat ages, expiries); nil: time.Now. Tests move
 	// it by hand.
 	Now func() time.Time
+	// Election, with an EtcdStore: this ctrl is one of several on the store, and decides only
+	// while it leads (election.go). nil: the only ctrl.
+	Election *ElectionConfig
 }
 
 // Service is the ctrl's HTTP edge: it authenticates requests, runs them on the Cluster under
 // one mutex, persists what changed placement before it replies, and ticks the cluster.
 type Service struct {
-	token fabric.Token
-	store Store
-	logf  func(format string, a ...any)
-	now   func() time.Time
+	token    fabric.Token
+	store    Store
+	logf     func(format string, a ...any)
+	now      func() time.Time
+	election *ElectionConfig // nil: the only ctrl, always deciding
+
+	leading    atomic.Bool  // with an election: this ctrl leads and decides
+	leaderName atomic.Value // with an election: the leader's address (string), for refusals
 
 	mu      sync.Mutex
 	cluster *Cluster // guarded by mu
@@ -68,8 +75,8 @@ const storeTimeout = 10 * time.Second
 // maxAttempts bounds how often a request is decided again after losing to another writer.
 // Writers at once are safe but not fair — the one that just won decides its next request
 // without a reload, so it tends to win again — and this bound is what a busy other writer can
-// make a request wait through. Several ctrls on one store are meant to have one writer at a
-// time; this covers the moments two believe they are it.
+// make a request wait through. Several ctrls on one etcd have one writer, the leader
+// (election.go); this covers other writers of one store (two services on one FileStore).
 const maxAttempts = 32
 
 // errRetry is a change that was decided on a state since replaced by a fresh load: decide again.
@@ -97,7 +104,20 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	s := &Service{token: cfg.Token, store: cfg.Store, logf: cfg.Logf, now: cfg.Now, cluster: NewCluster(cfg.Config)}
+	s := &Service{token: cfg.Token, store: cfg.Store, logf: cfg.Logf, now: cfg.Now, cluster: NewCluster(cfg.Config), election: cfg.Election}
+	if cfg.Election != nil {
+		if _, ok := cfg.Store.(*EtcdStore); !ok {
+			return nil, fmt.Errorf("ctrl: several ctrls need their state in etcd")
+		}
+		if cfg.Election.Advertise == "" {
+			return nil, fmt.Errorf("ctrl: a ctrl in an election needs the address clients reach it at")
+		}
+		if ttl := cfg.Election.LeaseTTL; ttl != 0 && (ttl < 2*time.Second || ttl%time.Second != 0) {
+			return nil, fmt.Errorf("ctrl: the leader's lease TTL %v must be whole seconds, at least 2s", ttl)
+		}
+		return s, nil // it loads the state when it wins the election
+	}
+	s.leading.Store(true)
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		st, rev, ok, err := cfg.Store.Load(ctx)
@@ -146,6 +166,14 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	campaigned := make(chan struct{})
+	cctx, stopCampaign := context.WithCancel(ctx)
+	defer stopCampaign()
+	if s.election != nil {
+		go func() { s.campaign(cctx); close(campaigned) }()
+	} else {
+		close(campaigned)
+	}
 	t := time.NewTicker(TickInterval)
 	defer t.Stop()
 	for {
@@ -153,12 +181,18 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		case <-t.C:
 			s.Tick()
 		case err := <-errc:
+			stopCampaign()
+			<-campaigned
 			return fmt.Errorf("ctrl: serving the API: %w", err)
 		case <-ctx.Done():
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			hs.Shutdown(sctx)
 			<-errc
+			<-campaigned // a leader saves what is pending and resigns
+			if s.election != nil {
+				return nil
+			}
 			return s.flush()
 		}
 	}
@@ -167,6 +201,9 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 // Tick advances the cluster to the service's clock and saves what that changed (or what an
 // earlier failed save left unsaved). Serve calls it every TickInterval.
 func (s *Service) Tick() {
+	if !s.leading.Load() {
+		return
+	}
 	s.mu.Lock()
 	s.cluster.Tick(s.now())
 	epoch := s.epoch
@@ -226,6 +263,10 @@ func (s *Service) persist(epoch, ver uint64, st *State) error {
 		// ctrl: say so where the operator looks, rather than leave clients timing out unexplained.
 		s.logf("saving the ctrl state took %s; requests that change the state wait for it", d.Round(time.Millisecond))
 	}
+	if errors.Is(err, ErrNotLeader) {
+		s.stepDown("a save was refused: another ctrl leads now")
+		return err
+	}
 	if errors.Is(err, ErrStale) {
 		if rerr := s.reloadLocked(); rerr != nil {
 			err = rerr
@@ -281,6 +322,9 @@ func (s *Service) reloadLocked() error {
 // to another writer is decided again on the state that writer saved.
 func (s *Service) apply(fn func(c *Cluster, now time.Time) (any, error)) (any, error) {
 	for attempt := 1; ; attempt++ {
+		if !s.leading.Load() {
+			return nil, s.notLeader()
+		}
 		s.mu.Lock()
 		epoch := s.epoch
 		before := s.cluster.Version()
@@ -423,14 +467,14 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 			if last := s.lastAuthLog.Load(); now.UnixNano()-last > int64(time.Minute) && s.lastAuthLog.CompareAndSwap(last, now.UnixNano()) {
 				s.logf("refused %s %s from %s: %s", r.Method, r.URL.Path, r.RemoteAddr, why)
 			}
-			writeJSON(w, http.StatusUnauthorized, errorBody{why})
+			writeJSON(w, http.StatusUnauthorized, errorBody{Error: why})
 			return
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
-				writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{fmt.Sprintf("request body over %d bytes", maxBody)})
+				writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: fmt.Sprintf("request body over %d bytes", maxBody)})
 				return
 			}
 			respond(w, nil, errorf(ErrBadRequest, "reading the request: %v", err))
@@ -442,12 +486,18 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 }
 
 type errorBody struct {
-	Error string `json:"error"`
+	Error  string `json:"error"`
+	Leader string `json:"leader,omitempty"` // with 421: the leading ctrl's address
 }
 
 func respond(w http.ResponseWriter, out any, err error) {
 	if err != nil {
-		writeJSON(w, httpStatus(err), errorBody{err.Error()})
+		eb := errorBody{Error: err.Error()}
+		var e *Error
+		if errors.As(err, &e) {
+			eb.Leader = e.Leader
+		}
+		writeJSON(w, httpStatus(err), eb)
 		return
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,18 +26,24 @@ import (
 // and 10.77.N.1/10.77.N.2 (root and server N ends of veth N).
 //
 // The ctrl serves over TLS with a certificate from `farmem cert` (its address is not loopback),
-// and keeps its state in a file, or with withEtcd in a real etcd on the root's loopback.
+// and keeps its state in a file, or in a real etcd on the root's loopback. Several ctrls share
+// one etcd, at 10.77.0.1, 10.77.0.2, ...
 type netCluster struct {
 	t       *testing.T
 	tag     string // unique per test: names of namespaces and links
 	token   string // token file
 	ca      string // the cluster CA: every client's --ca
-	ctrl    string // ctrl address
+	ctrl    string // the ctrls' addresses, comma-separated: every client's --ctrl
+	ctrls   []*exec.Cmd
+	addrs   []string // of the ctrls, in the order of ctrls
 	servers []*netServer
 }
 
-// withEtcd keeps a netCluster's ctrl state in etcd.
-const withEtcd = true
+// netOpts says how a netCluster's ctrls keep their state.
+type netOpts struct {
+	etcd  bool // in etcd, not a file
+	ctrls int  // this many ctrls (more than one: on etcd)
+}
 
 type netServer struct {
 	ns, link, addr string
@@ -68,7 +75,7 @@ func ip(t *testing.T, args ...string) {
 	}
 }
 
-func newNetCluster(t *testing.T, servers int, etcd ...bool) *netCluster {
+func newNetCluster(t *testing.T, servers int, opts ...netOpts) *netCluster {
 	if os.Getuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
@@ -79,22 +86,35 @@ func newNetCluster(t *testing.T, servers int, etcd ...bool) *netCluster {
 	dir := t.TempDir()
 	c.token = filepath.Join(dir, "token")
 	os.WriteFile(c.token, []byte("cluster-test-token-0123456789abcdef\n"), 0o600)
-	// The ctrl's address lives on the root namespace's lo (this kernel has no dummy links), so
-	// it stays reachable from every server whichever link is cut.
-	ip(t, "addr", "add", "10.77.0.1/32", "dev", "lo")
-	t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.77.0.1/32", "dev", "lo").Run() })
-	c.ctrl = fmt.Sprintf("10.77.0.1:%d", freePort(t))
+	opt := netOpts{ctrls: 1}
+	if len(opts) > 0 {
+		opt = opts[0]
+	}
+	// The ctrls' addresses live on the root namespace's lo (this kernel has no dummy links), so
+	// they stay reachable from every server whichever link is cut.
+	var hosts []string
+	for i := 1; i <= max(opt.ctrls, 1); i++ {
+		host := fmt.Sprintf("10.77.0.%d", i)
+		ip(t, "addr", "add", host+"/32", "dev", "lo")
+		t.Cleanup(func() { exec.Command("ip", "addr", "del", host+"/32", "dev", "lo").Run() })
+		hosts = append(hosts, host)
+		c.addrs = append(c.addrs, fmt.Sprintf("%s:%d", host, freePort(t)))
+	}
+	c.ctrl = strings.Join(c.addrs, ",")
 	certs := filepath.Join(dir, "tls")
-	if out, err := exec.Command(farmemBin(t), "cert", "--dir", certs, "--host", "10.77.0.1").CombinedOutput(); err != nil {
+	if out, err := exec.Command(farmemBin(t), "cert", "--dir", certs, "--host", strings.Join(hosts, ",")).CombinedOutput(); err != nil {
 		t.Fatalf("farmem cert: %v: %s", err, out)
 	}
 	c.ca = filepath.Join(certs, "ca.pem")
 	store := []string{"--state", filepath.Join(dir, "ctrl")}
-	if len(etcd) > 0 && etcd[0] {
+	if opt.etcd || opt.ctrls > 1 {
 		store = []string{"--etcd", strings.Join(etcdtest.Start(t, 1, "").Endpoints(), ",")}
 	}
-	startLogged(t, "ctrl", append([]string{farmemBin(t), "ctrl", "--listen", c.ctrl, "--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s",
-		"--tls-cert", filepath.Join(certs, "ctrl.pem"), "--tls-key", filepath.Join(certs, "ctrl-key.pem")}, store...)...)
+	for _, addr := range c.addrs {
+		cmd, _ := startLogged(t, "ctrl "+addr, append([]string{farmemBin(t), "ctrl", "--listen", addr, "--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s",
+			"--tls-cert", filepath.Join(certs, "ctrl.pem"), "--tls-key", filepath.Join(certs, "ctrl-key.pem")}, store...)...)
+		c.ctrls = append(c.ctrls, cmd)
+	}
 	for i := 1; i <= servers; i++ {
 		c.addServer(i)
 	}
@@ -136,17 +156,25 @@ func (s *netServer) kill() { s.cmd.Process.Signal(syscall.SIGKILL) }
 func (c *netCluster) cut(s *netServer) { ip(c.t, "link", "set", s.link, "down") }
 
 func (c *netCluster) status() (ctrl.Status, error) {
+	st, _, err := c.statusFrom(c.ctrl)
+	return st, err
+}
+
+// statusFrom asks the ctrl(s) at addr; answeredBy is the ctrl that answered (the leader).
+func (c *netCluster) statusFrom(addr string) (st ctrl.Status, answeredBy string, err error) {
 	tok, err := fabric.LoadToken(c.token)
 	if err != nil {
-		return ctrl.Status{}, err
+		return ctrl.Status{}, "", err
 	}
 	ca, err := ctrl.LoadCA(c.ca)
 	if err != nil {
-		return ctrl.Status{}, err
+		return ctrl.Status{}, "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return ctrl.NewClient(c.ctrl, tok, ca).Status(ctx)
+	cl := ctrl.NewClient(addr, tok, ca)
+	st, err = cl.Status(ctx)
+	return st, cl.Addr(), err
 }
 
 func (c *netCluster) waitStatus(what string, ok func(ctrl.Status) bool) ctrl.Status {
@@ -249,7 +277,7 @@ func TestClusterRedisSurvivesServerLoss(t *testing.T) {
 // With one copy of each page, losing its server stops the program with a message naming the
 // server: never zeros, never a hang.
 func TestClusterSingleCopyLossStopsProgram(t *testing.T) {
-	c := newNetCluster(t, 1, withEtcd)
+	c := newNetCluster(t, 1, netOpts{etcd: true})
 	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca,
 		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1000000")
 	var out bytes.Buffer
@@ -344,4 +372,88 @@ func mustPort(t *testing.T, addr string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Two ctrls on one etcd, three memory servers, redis at --replicas 2: the leading ctrl is
+// killed (SIGKILL: its lease runs out rather than being given up), then a memory server. The
+// other ctrl takes over: the memory servers and the client move to it, it restores the replica
+// count, places the new slabs, and `farmem status` through either address is answered by it.
+// DEBUG DIGEST is unchanged throughout.
+func TestClusterCtrlFailover(t *testing.T) {
+	need(t, "redis-server")
+	c := newNetCluster(t, 3, netOpts{ctrls: 2})
+	_, leader, err := c.statusFrom(c.ctrl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca, "--replicas", "2",
+		"--local-mem", "16MiB", "--", "redis-server", "--port", strconv.Itoa(port), "--save", "",
+		"--appendonly", "no", "--enable-debug-command", "yes", "--bind", "127.0.0.1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	r := dialRedis(t, port)
+	r.must(t, "DEBUG", "POPULATE", "40000", "key", "400")
+	d0 := r.must(t, "DEBUG", "DIGEST")
+	readAll := func(n int) {
+		for i := 0; i < n; i += 1000 {
+			args := []string{"MGET"}
+			for k := i; k < i+1000; k++ {
+				args = append(args, fmt.Sprintf("key:%d", k))
+			}
+			r.must(t, args...)
+		}
+	}
+
+	i := slices.Index(c.addrs, leader)
+	if i < 0 {
+		t.Fatalf("status answered by %s, not one of the ctrls %v", leader, c.addrs)
+	}
+	c.ctrls[i].Process.Signal(syscall.SIGKILL)
+	survivor := c.addrs[1-i]
+	readAll(40000) // the data path does not wait for the ctrl
+	d1 := r.must(t, "DEBUG", "DIGEST")
+	c.waitStatus("the other ctrl leading, every server and the session on it", func(st ctrl.Status) bool {
+		healthy := 0
+		for _, s := range st.Servers {
+			if s.Healthy && s.MsSinceHeartbeat < 1000 {
+				healthy++
+			}
+		}
+		return healthy == 3 && len(st.Sessions) == 1 && st.Sessions[0].MsSinceHeartbeat < 2000
+	})
+	if _, by, err := c.statusFrom(leader + "," + survivor); err != nil || by != survivor {
+		t.Fatalf("status through the dead leader's address first: answered by %s, %v; want %s", by, err, survivor)
+	}
+
+	c.servers[0].kill()
+	readAll(40000)
+	c.waitRestored(c.servers[0])
+	r.must(t, "DEBUG", "POPULATE", "60000", "key", "400") // new slabs, placed by the survivor
+	readAll(60000)
+	for i := 40000; i < 60000; i += 1000 {
+		args := []string{"DEL"}
+		for k := i; k < i+1000; k++ {
+			args = append(args, fmt.Sprintf("key:%d", k))
+		}
+		r.must(t, args...)
+	}
+	d2 := r.must(t, "DEBUG", "DIGEST")
+	st, by, err := c.statusFrom(survivor)
+	if err != nil || by != survivor || st.Totals.HealthyServers != 2 || st.Totals.Degraded+st.Totals.Lost+st.Totals.Rebuilding != 0 {
+		t.Errorf("status from the surviving ctrl: %+v, answered by %s, %v", st.Totals, by, err)
+	}
+	r.send("SHUTDOWN", "NOSAVE")
+	err = cmd.Wait()
+	t.Logf("digests %s %s %s; farmem: %s", d0, d1, d2, out.String())
+	if err != nil {
+		t.Fatalf("farmem run ended with %v", err)
+	}
+	if strings.Trim(d0, "0") == "" || d0 != d1 || d1 != d2 {
+		t.Fatalf("DEBUG DIGEST changed: before %s, after the leading ctrl was killed %s, after a memory server too %s", d0, d1, d2)
+	}
 }

@@ -85,7 +85,8 @@ func ctrlCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: ctrlDefaultAddr, Usage: "HOST:PORT to serve the API on (memory servers, clients and farmem status connect here)"},
 			&cli.StringFlag{Name: "state", Value: "/var/lib/farmem/ctrl", Usage: "directory keeping the ctrl's state across restarts (servers, sessions, slabs); created if\n\tmissing; one ctrl per directory"},
-			&cli.StringFlag{Name: "etcd", Usage: "URL[,URL...]: keep the state in etcd (its members' client URLs, e.g. http://10.0.0.5:2379)\n\tinstead of --state"},
+			&cli.StringFlag{Name: "etcd", Usage: "URL[,URL...]: keep the state in etcd (its members' client URLs, e.g. http://10.0.0.5:2379)\n\tinstead of --state. Any number of ctrls may share one etcd: one leads (an etcd election),\n\tthe others name it to clients, and one takes over when it stops"},
+			&cli.StringFlag{Name: "advertise", Usage: "with --etcd: HOST:PORT clients reach this ctrl at, told to them by the other ctrls (default:\n\t--listen)"},
 			&cli.StringFlag{Name: "etcd-prefix", Value: ctrl.DefaultEtcdPrefix, Usage: "with --etcd: the keys of this cluster's state (one prefix per farmem cluster)"},
 			&cli.IntFlag{Name: "etcd-max-txn-ops", Value: 128, Usage: "with --etcd: the etcd servers' --max-txn-ops (a change of the state is one transaction)"},
 			&cli.StringFlag{Name: "tls-cert", Usage: "FILE: the ctrl's TLS certificate (farmem cert makes it); the API is then served over TLS"},
@@ -124,8 +125,15 @@ func ctrlCommand() *cli.Command {
 					return usagef("--state and --etcd both say where the state is kept: give one")
 				}
 				opt.etcd = strings.Split(c.String("etcd"), ",")
-			} else if c.IsSet("etcd-prefix") || c.IsSet("etcd-max-txn-ops") {
-				return usagef("--etcd-prefix and --etcd-max-txn-ops apply to --etcd: give --etcd URL[,URL...] too")
+				opt.advertise = c.String("advertise")
+				if opt.advertise == "" {
+					opt.advertise = opt.listen
+					if host, port, err := net.SplitHostPort(opt.listen); err == nil && (host == "" || net.ParseIP(host).IsUnspecified() || port == "0") {
+						return usagef("--listen %s is not an address clients can dial: give --advertise HOST:PORT too (the other ctrls send clients there)", opt.listen)
+					}
+				}
+			} else if c.IsSet("etcd-prefix") || c.IsSet("etcd-max-txn-ops") || c.IsSet("advertise") {
+				return usagef("--etcd-prefix, --etcd-max-txn-ops and --advertise apply to --etcd: give --etcd URL[,URL...] too")
 			}
 			if opt.etcdMaxOps < 3 {
 				return usagef("--etcd-max-txn-ops %d: etcd takes at least 3 operations in a transaction", opt.etcdMaxOps)
@@ -158,6 +166,7 @@ type ctrlOptions struct {
 	etcd       []string // endpoints; nil: the state is in stateDir
 	etcdPrefix string
 	etcdMaxOps int
+	advertise  string      // with etcd: the address the other ctrls send clients to
 	tls        *tls.Config // nil: the API in clear (loopback only)
 }
 
@@ -168,13 +177,15 @@ func runCtrl(ctx context.Context, stderr io.Writer, opt ctrlOptions, cfg ctrl.Co
 	// log.Logger serializes lines written from the service's goroutines.
 	lg := log.New(stderr, "farmem ctrl: ", log.LstdFlags|log.Lmsgprefix)
 	var store ctrl.Store
+	var election *ctrl.ElectionConfig
 	where := "state in " + opt.stateDir
 	if opt.etcd != nil {
 		es, err := ctrl.OpenEtcdStore(ctx, ctrl.EtcdConfig{Endpoints: opt.etcd, Prefix: opt.etcdPrefix, MaxTxnOps: opt.etcdMaxOps})
 		if err != nil {
 			return err
 		}
-		store, where = es, "state in etcd at "+strings.Join(opt.etcd, ",")+" under "+opt.etcdPrefix
+		store, where = es, "state in etcd at "+strings.Join(opt.etcd, ",")+" under "+opt.etcdPrefix+", leads when elected"
+		election = &ctrl.ElectionConfig{Advertise: opt.advertise}
 	} else {
 		fs, err := ctrl.OpenFileStore(opt.stateDir)
 		if err != nil {
@@ -183,7 +194,7 @@ func runCtrl(ctx context.Context, stderr io.Writer, opt ctrlOptions, cfg ctrl.Co
 		store = fs
 	}
 	defer store.Close()
-	svc, err := ctrl.NewService(ctrl.ServiceConfig{Config: cfg, Store: store, Logf: lg.Printf})
+	svc, err := ctrl.NewService(ctrl.ServiceConfig{Config: cfg, Store: store, Logf: lg.Printf, Election: election})
 	if err != nil {
 		return err
 	}
@@ -213,7 +224,7 @@ func statusCommand() *cli.Command {
 		Description: "A slab is degraded while it has fewer ready copies than asked for (a replacement is being\n" +
 			"filled, or no server has room for one yet) and lost when no copy survives.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "ctrl", Value: ctrlDefaultAddr, Usage: "HOST:PORT of the farmem ctrl"},
+			&cli.StringFlag{Name: "ctrl", Value: ctrlDefaultAddr, Usage: "HOST:PORT of the farmem ctrl, or a comma-separated list of the ctrls"},
 			ctrlTokenFlag(""),
 			caFlag(),
 			&cli.BoolFlag{Name: "json", Usage: "print the ctrl's raw JSON status instead of tables"},

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -113,7 +114,9 @@ func TestCtrlCommandBadInput(t *testing.T) {
 		{"argument", []string{"ctrl", "--token-file", tok, "extra"}, true, "takes no arguments"},
 		{"status without token", []string{"status"}, true, "a cluster token is required"},
 		{"state and etcd", []string{"ctrl", "--token-file", tok, "--state", state, "--etcd", "http://127.0.0.1:1"}, true, "--state and --etcd both say where the state is kept"},
-		{"etcd prefix without etcd", []string{"ctrl", "--token-file", tok, "--etcd-prefix", "/x/"}, true, "--etcd-prefix and --etcd-max-txn-ops apply to --etcd"},
+		{"etcd prefix without etcd", []string{"ctrl", "--token-file", tok, "--etcd-prefix", "/x/"}, true, "--etcd-prefix, --etcd-max-txn-ops and --advertise apply to --etcd"},
+		{"advertise without etcd", []string{"ctrl", "--token-file", tok, "--advertise", "127.0.0.1:7000"}, true, "--etcd-prefix, --etcd-max-txn-ops and --advertise apply to --etcd"},
+		{"etcd without advertise", []string{"ctrl", "--token-file", tok, "--etcd", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"}, true, "--listen 127.0.0.1:0 is not an address clients can dial: give --advertise HOST:PORT too"},
 		{"etcd bad URL", []string{"ctrl", "--token-file", tok, "--etcd", "ftp://127.0.0.1:2379"}, false, `etcd endpoint "ftp://127.0.0.1:2379" is not an http(s)://HOST:PORT URL`},
 		{"etcd max ops", []string{"ctrl", "--token-file", tok, "--etcd", "http://127.0.0.1:1", "--etcd-max-txn-ops", "1"}, true, "--etcd-max-txn-ops 1"},
 		{"cert without key", []string{"ctrl", "--token-file", tok, "--state", state, "--tls-cert", tok}, true, "--tls-cert and --tls-key go together"},
@@ -255,10 +258,11 @@ func TestCtrlCommandOnEtcdWithTLS(t *testing.T) {
 	etcd := etcdtest.Start(t, 1, "")
 	start := func() (addr string, ctrlErr *ctrlLog, stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
+		listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		ctrlErr = newCtrlLog()
 		done := make(chan error, 1)
 		go func() {
-			done <- ctrlTestApp(newCtrlLog(), ctrlErr).RunContext(ctx, []string{"farmem", "ctrl", "--listen", "127.0.0.1:0",
+			done <- ctrlTestApp(newCtrlLog(), ctrlErr).RunContext(ctx, []string{"farmem", "ctrl", "--listen", listen,
 				"--etcd", strings.Join(etcd.Endpoints(), ","), "--token-file", tokFile, "--slab-size", "4MiB",
 				"--tls-cert", filepath.Join(certs, "ctrl.pem"), "--tls-key", filepath.Join(certs, "ctrl-key.pem")})
 		}()
@@ -304,7 +308,8 @@ func TestCtrlCommandOnEtcdWithTLS(t *testing.T) {
 	// Another ctrl on the same etcd: the same servers, session and slab.
 	addr, ctrlErr, stop := start()
 	defer stop()
-	if !strings.Contains(ctrlErr.String(), "restored 1 servers, 1 sessions, 1 slabs") {
+	ctrlErr.await(t, regexp.MustCompile(`(leading the ctrls \(as 127\.0\.0\.1:\d+\): 1 servers, 1 sessions, 1 slabs)`), nil)
+	if !strings.Contains(ctrlErr.String(), "leading the ctrls") {
 		t.Errorf("the second ctrl's log: %s", ctrlErr.String())
 	}
 	_, slabs, err := ctrl.NewClient(addr, fabric.Token(secret), ca).Slabs(bg, sess.ID)

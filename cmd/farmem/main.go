@@ -147,7 +147,7 @@ func runCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory, at least 16MiB; required. SIZE: 512m or\n\t512MiB (k, m, g, t and KiB, MiB... are 1024-based, as docker and systemd read them), 800MB (KB,\n\tMB... are 1000-based), a byte count, or 25% (of the machine's memory: MemTotal). kb, mb... are\n\trefused as ambiguous (docker reads 512mb as 512MiB, SI as 512MB)"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too, at a cost: at a 25% cap redis ran 0.91-1.04x as fast with lz4 and\n\t0.74-0.76x with zstd as with none (results/redis.md, measured before the pinning: stale)"},
-			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
+			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl, or a comma-separated list of the ctrls: keep evicted pages\n\ton its memory servers instead of in this process (needs --token-file)"},
 			&cli.StringFlag{Name: "transport", Value: "tcp", Usage: "with --ctrl: how to reach memory servers: tcp; shm (a memory server on this host started\n\twith --shm DIR is reached through shared memory: no request per page; others by tcp); rdma"},
 			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},
 			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION (e.g. 50us) before sleeping"),
