@@ -99,7 +99,8 @@ func IssueCert(dir, name string, hosts []string, ca *x509.Certificate, caKey *ec
 		NotBefore:    now.Add(-time.Hour),
 		NotAfter:     now.Add(certLife),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		// Client too: a ctrl may present the same certificate to an etcd that asks for one.
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
 	for _, h := range hosts {
 		if ip := net.ParseIP(h); ip != nil {
@@ -174,4 +175,26 @@ func ServerTLS(certPath, keyPath string) (*tls.Config, error) {
 	// TLS 1.3 only: every client is farmem's own Go code, curl or another modern client, and
 	// 1.3 has no 0-RTT in Go's server, so no record of one connection is accepted on another.
 	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS13}, nil
+}
+
+// EtcdTLS is the TLS configuration for etcd endpoints (--etcd-ca, --etcd-cert, --etcd-key): the
+// CA that signed the etcd servers' certificates (empty: the system's roots), and the ctrl's
+// client certificate and key for an etcd that checks its clients' (both empty: none).
+func EtcdTLS(caPath, certPath, keyPath string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12} // etcd's own minimum
+	if caPath != "" {
+		pool, err := LoadCA(caPath)
+		if err != nil {
+			return nil, fmt.Errorf("--etcd-ca: %v", err)
+		}
+		cfg.RootCAs = pool
+	}
+	if certPath != "" || keyPath != "" {
+		pair, err := tls.LoadX509KeyPair(certPath, keyPath)
+		if err != nil {
+			return nil, fmt.Errorf("loading the ctrl's etcd client certificate: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }

@@ -78,10 +78,16 @@ func OpenEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
 		if ep == "" {
 			return nil, fmt.Errorf("--etcd %s has an empty endpoint", strings.Join(cfg.Endpoints, ","))
 		}
-		if strings.Contains(ep, "://") {
-			if u, err := url.Parse(ep); err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-				return nil, fmt.Errorf("etcd endpoint %q is not an http(s)://HOST:PORT URL", ep)
+		u, err := url.Parse(ep)
+		if !strings.Contains(ep, "://") || err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return nil, fmt.Errorf("etcd endpoint %q is not an http(s)://HOST:PORT URL", ep)
+		}
+		// One or the other for all: the client speaks TLS to every endpoint or to none.
+		if (u.Scheme == "https") != (cfg.TLS != nil) {
+			if cfg.TLS == nil {
+				return nil, fmt.Errorf("etcd endpoint %s is https: give --etcd-ca (and --etcd-cert, --etcd-key if etcd checks its clients' certificates)", ep)
 			}
+			return nil, fmt.Errorf("etcd endpoint %s is not https, but TLS for etcd is configured (--etcd-ca, --etcd-cert): give https:// endpoints", ep)
 		}
 	}
 	prefix := cmp.Or(cfg.Prefix, DefaultEtcdPrefix)

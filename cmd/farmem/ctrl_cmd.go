@@ -89,6 +89,9 @@ func ctrlCommand() *cli.Command {
 			&cli.StringFlag{Name: "advertise", Usage: "with --etcd: HOST:PORT clients reach this ctrl at, told to them by the other ctrls (default:\n\t--listen)"},
 			&cli.StringFlag{Name: "etcd-prefix", Value: ctrl.DefaultEtcdPrefix, Usage: "with --etcd: the keys of this cluster's state (one prefix per farmem cluster)"},
 			&cli.IntFlag{Name: "etcd-max-txn-ops", Value: 128, Usage: "with --etcd: the etcd servers' --max-txn-ops (a change of the state is one transaction)"},
+			&cli.StringFlag{Name: "etcd-ca", Usage: "with https:// --etcd endpoints: FILE, the CA of the etcd servers' certificates (default: the\n\tsystem's)"},
+			&cli.StringFlag{Name: "etcd-cert", Usage: "with https:// --etcd endpoints: FILE, this ctrl's client certificate, for an etcd that checks\n\tits clients' (--client-cert-auth)"},
+			&cli.StringFlag{Name: "etcd-key", Usage: "FILE: the key of --etcd-cert"},
 			&cli.StringFlag{Name: "tls-cert", Usage: "FILE: the ctrl's TLS certificate (farmem cert makes it); the API is then served over TLS"},
 			&cli.StringFlag{Name: "tls-key", Usage: "FILE: the key of --tls-cert"},
 			ctrlTokenFlag(""),
@@ -132,8 +135,18 @@ func ctrlCommand() *cli.Command {
 						return usagef("--listen %s is not an address clients can dial: give --advertise HOST:PORT too (the other ctrls send clients there)", opt.listen)
 					}
 				}
-			} else if c.IsSet("etcd-prefix") || c.IsSet("etcd-max-txn-ops") || c.IsSet("advertise") {
-				return usagef("--etcd-prefix, --etcd-max-txn-ops and --advertise apply to --etcd: give --etcd URL[,URL...] too")
+				if (c.String("etcd-cert") == "") != (c.String("etcd-key") == "") {
+					return usagef("--etcd-cert and --etcd-key go together: the certificate and its key")
+				}
+				if strings.Contains(c.String("etcd"), "https://") {
+					if opt.etcdTLS, err = ctrl.EtcdTLS(c.String("etcd-ca"), c.String("etcd-cert"), c.String("etcd-key")); err != nil {
+						return err
+					}
+				} else if c.IsSet("etcd-ca") || c.IsSet("etcd-cert") || c.IsSet("etcd-key") {
+					return usagef("--etcd-ca, --etcd-cert and --etcd-key apply to https:// --etcd endpoints")
+				}
+			} else if c.IsSet("etcd-prefix") || c.IsSet("etcd-max-txn-ops") || c.IsSet("advertise") || c.IsSet("etcd-ca") || c.IsSet("etcd-cert") || c.IsSet("etcd-key") {
+				return usagef("--etcd-prefix, --etcd-max-txn-ops, --etcd-ca, --etcd-cert, --etcd-key and --advertise apply to --etcd: give --etcd URL[,URL...] too")
 			}
 			if opt.etcdMaxOps < 3 {
 				return usagef("--etcd-max-txn-ops %d: etcd takes at least 3 operations in a transaction", opt.etcdMaxOps)
@@ -167,6 +180,7 @@ type ctrlOptions struct {
 	etcdPrefix string
 	etcdMaxOps int
 	advertise  string      // with etcd: the address the other ctrls send clients to
+	etcdTLS    *tls.Config // for https:// etcd endpoints
 	tls        *tls.Config // nil: the API in clear (loopback only)
 }
 
@@ -180,7 +194,7 @@ func runCtrl(ctx context.Context, stderr io.Writer, opt ctrlOptions, cfg ctrl.Co
 	var election *ctrl.ElectionConfig
 	where := "state in " + opt.stateDir
 	if opt.etcd != nil {
-		es, err := ctrl.OpenEtcdStore(ctx, ctrl.EtcdConfig{Endpoints: opt.etcd, Prefix: opt.etcdPrefix, MaxTxnOps: opt.etcdMaxOps})
+		es, err := ctrl.OpenEtcdStore(ctx, ctrl.EtcdConfig{Endpoints: opt.etcd, Prefix: opt.etcdPrefix, MaxTxnOps: opt.etcdMaxOps, TLS: opt.etcdTLS})
 		if err != nil {
 			return err
 		}

@@ -114,10 +114,15 @@ func TestCtrlCommandBadInput(t *testing.T) {
 		{"argument", []string{"ctrl", "--token-file", tok, "extra"}, true, "takes no arguments"},
 		{"status without token", []string{"status"}, true, "a cluster token is required"},
 		{"state and etcd", []string{"ctrl", "--token-file", tok, "--state", state, "--etcd", "http://127.0.0.1:1"}, true, "--state and --etcd both say where the state is kept"},
-		{"etcd prefix without etcd", []string{"ctrl", "--token-file", tok, "--etcd-prefix", "/x/"}, true, "--etcd-prefix, --etcd-max-txn-ops and --advertise apply to --etcd"},
-		{"advertise without etcd", []string{"ctrl", "--token-file", tok, "--advertise", "127.0.0.1:7000"}, true, "--etcd-prefix, --etcd-max-txn-ops and --advertise apply to --etcd"},
+		{"etcd prefix without etcd", []string{"ctrl", "--token-file", tok, "--etcd-prefix", "/x/"}, true, "--etcd-prefix, --etcd-max-txn-ops, --etcd-ca, --etcd-cert, --etcd-key and --advertise apply to --etcd"},
+		{"advertise without etcd", []string{"ctrl", "--token-file", tok, "--advertise", "127.0.0.1:7000"}, true, "--etcd-prefix, --etcd-max-txn-ops, --etcd-ca, --etcd-cert, --etcd-key and --advertise apply to --etcd"},
 		{"etcd without advertise", []string{"ctrl", "--token-file", tok, "--etcd", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"}, true, "--listen 127.0.0.1:0 is not an address clients can dial: give --advertise HOST:PORT too"},
 		{"etcd bad URL", []string{"ctrl", "--token-file", tok, "--etcd", "ftp://127.0.0.1:2379"}, false, `etcd endpoint "ftp://127.0.0.1:2379" is not an http(s)://HOST:PORT URL`},
+		{"etcd-ca without etcd", []string{"ctrl", "--token-file", tok, "--etcd-ca", tok}, true, "apply to --etcd: give --etcd URL[,URL...] too"},
+		{"etcd-ca with http", []string{"ctrl", "--token-file", tok, "--etcd", "http://127.0.0.1:1", "--advertise", "127.0.0.1:7000", "--etcd-ca", tok}, true, "--etcd-ca, --etcd-cert and --etcd-key apply to https:// --etcd endpoints"},
+		{"etcd cert without key", []string{"ctrl", "--token-file", tok, "--etcd", "https://127.0.0.1:1", "--advertise", "127.0.0.1:7000", "--etcd-cert", tok}, true, "--etcd-cert and --etcd-key go together"},
+		{"etcd https bad CA", []string{"ctrl", "--token-file", tok, "--etcd", "https://127.0.0.1:1", "--advertise", "127.0.0.1:7000", "--etcd-ca", tok}, false, "--etcd-ca: " + tok + " holds no PEM certificate"},
+		{"etcd no scheme", []string{"ctrl", "--token-file", tok, "--etcd", "127.0.0.1:2379", "--advertise", "127.0.0.1:7000"}, false, `etcd endpoint "127.0.0.1:2379" is not an http(s)://HOST:PORT URL`},
 		{"etcd max ops", []string{"ctrl", "--token-file", tok, "--etcd", "http://127.0.0.1:1", "--etcd-max-txn-ops", "1"}, true, "--etcd-max-txn-ops 1"},
 		{"cert without key", []string{"ctrl", "--token-file", tok, "--state", state, "--tls-cert", tok}, true, "--tls-cert and --tls-key go together"},
 		{"cert not a cert", []string{"ctrl", "--token-file", tok, "--state", state, "--tls-cert", tok, "--tls-key", tok}, false, "loading the ctrl's TLS certificate"},
@@ -229,7 +234,7 @@ func TestStatusCommandShowsServers(t *testing.T) {
 }
 
 // `farmem cert` makes the CA and the ctrl's certificate; `farmem ctrl --etcd` keeps the state in
-// a real etcd and serves over TLS; `farmem status --ca` reads it; a ctrl started afterwards on
+// a real etcd (over TLS, with a client certificate) and serves over TLS; `farmem status --ca` reads it; a ctrl started afterwards on
 // the same etcd has the same cluster.
 func TestCtrlCommandOnEtcdWithTLS(t *testing.T) {
 	dir := t.TempDir()
@@ -255,7 +260,12 @@ func TestCtrlCommandOnEtcdWithTLS(t *testing.T) {
 		t.Errorf("a second certificate: %v\n%s", err, out.String())
 	}
 
-	etcd := etcdtest.Start(t, 1, "")
+	// etcd over TLS too, checking its clients' certificates: its certificate from the same CA,
+	// and the ctrl's own certificate as its client certificate.
+	if err := ctrlTestApp(newCtrlLog(), newCtrlLog()).Run([]string{"farmem", "cert", "--dir", certs, "--host", "127.0.0.1", "--name", "etcd"}); err != nil {
+		t.Fatal(err)
+	}
+	etcd := etcdtest.StartTLS(t, 1, "", etcdtest.TLSFiles{Cert: filepath.Join(certs, "etcd.pem"), Key: filepath.Join(certs, "etcd-key.pem"), CA: filepath.Join(certs, "ca.pem")})
 	start := func() (addr string, ctrlErr *ctrlLog, stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -264,6 +274,7 @@ func TestCtrlCommandOnEtcdWithTLS(t *testing.T) {
 		go func() {
 			done <- ctrlTestApp(newCtrlLog(), ctrlErr).RunContext(ctx, []string{"farmem", "ctrl", "--listen", listen,
 				"--etcd", strings.Join(etcd.Endpoints(), ","), "--token-file", tokFile, "--slab-size", "4MiB",
+				"--etcd-ca", filepath.Join(certs, "ca.pem"), "--etcd-cert", filepath.Join(certs, "ctrl.pem"), "--etcd-key", filepath.Join(certs, "ctrl-key.pem"),
 				"--tls-cert", filepath.Join(certs, "ctrl.pem"), "--tls-key", filepath.Join(certs, "ctrl-key.pem")})
 		}()
 		addr = ctrlErr.await(t, regexp.MustCompile(`listening on (127\.0\.0\.1:\d+) \(TLS; state in etcd at `+regexp.QuoteMeta(etcd.Endpoints()[0])+` under /farmem/ctrl/`), done)

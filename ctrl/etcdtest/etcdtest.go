@@ -5,6 +5,8 @@ package etcdtest
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -66,16 +68,47 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 // --max-txn-ops). The members are killed when the test ends; a failed test logs their output.
 func Start(t testing.TB, n int, host string, extra ...string) *Cluster {
 	t.Helper()
+	return start(t, n, host, nil, extra)
+}
+
+// TLSFiles are a member's certificate and key and the CA it trusts clients by.
+type TLSFiles struct{ Cert, Key, CA string }
+
+// StartTLS is Start with the client URLs served over TLS, and a client certificate signed by
+// files.CA required of every client (--client-cert-auth). Peers talk in clear.
+func StartTLS(t testing.TB, n int, host string, files TLSFiles) *Cluster {
+	t.Helper()
+	return start(t, n, host, &files, []string{"--cert-file", files.Cert, "--key-file", files.Key,
+		"--trusted-ca-file", files.CA, "--client-cert-auth"})
+}
+
+func start(t testing.TB, n int, host string, files *TLSFiles, extra []string) *Cluster {
+	t.Helper()
 	bin := Binary(t)
 	if host == "" {
 		host = "127.0.0.1"
 	}
 	dir := t.TempDir()
 	c := &Cluster{}
+	scheme, hc := "http://", &http.Client{Timeout: 2 * time.Second}
+	if files != nil {
+		scheme = "https://"
+		pair, err := tls.LoadX509KeyPair(files.Cert, files.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, err := os.ReadFile(files.CA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca)
+		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}}}
+	}
 	var peers []string
 	peerURLs := make([]string, n)
 	for i := range n {
-		m := &Member{Name: fmt.Sprintf("m%d", i+1), ClientURL: "http://" + net.JoinHostPort(host, freePort(t, host)), done: make(chan struct{})}
+		m := &Member{Name: fmt.Sprintf("m%d", i+1), ClientURL: scheme + net.JoinHostPort(host, freePort(t, host)), done: make(chan struct{})}
 		peerURLs[i] = "http://" + net.JoinHostPort(host, freePort(t, host))
 		peers = append(peers, m.Name+"="+peerURLs[i])
 		c.Members = append(c.Members, m)
@@ -104,7 +137,7 @@ func Start(t testing.TB, n int, host string, extra ...string) *Cluster {
 		})
 	}
 	for _, m := range c.Members {
-		m.awaitHealthy(t)
+		m.awaitHealthy(t, hc)
 	}
 	return c
 }
@@ -125,10 +158,9 @@ func (m *Member) Kill() {
 }
 
 // awaitHealthy waits for /health to say so; 60 s is a hang, not a timing assertion.
-func (m *Member) awaitHealthy(t testing.TB) {
+func (m *Member) awaitHealthy(t testing.TB, hc *http.Client) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
-	hc := &http.Client{Timeout: 2 * time.Second}
 	for {
 		resp, err := hc.Get(m.ClientURL + "/health")
 		if err == nil {
