@@ -66,8 +66,12 @@ func (s *Service) leadOnce(ctx context.Context, es *EtcdStore, sess *concurrency
 	defer stopObserving()
 	go func() {
 		for resp := range el.Observe(octx) {
-			if len(resp.Kvs) > 0 {
-				s.leaderName.Store(string(resp.Kvs[0].Value))
+			if len(resp.Kvs) == 0 {
+				continue
+			}
+			name := string(resp.Kvs[0].Value)
+			if old, _ := s.leaderName.Swap(name).(string); old != name && name != s.election.Advertise {
+				s.logf("the leading ctrl is %s", name)
 			}
 		}
 	}()
@@ -104,7 +108,9 @@ func (s *Service) leadOnce(ctx context.Context, es *EtcdStore, sess *concurrency
 			// Shutting down: save what is pending while still the leader, then let go.
 			s.flush()
 			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-			el.Resign(rctx)
+			if err := el.Resign(rctx); err == nil {
+				s.logf("resigned the lead: another ctrl takes over now")
+			}
 			rcancel()
 		}
 	}

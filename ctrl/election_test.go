@@ -161,7 +161,9 @@ func TestCtrlElection(t *testing.T) {
 	}
 
 	// The new leader stops (SIGTERM): it saves, resigns, and the last one leads at once.
+	awaitLog(t, lead, "the leading ctrl is "+next.addr)
 	next.stop()
+	awaitLog(t, next, "resigned the lead: another ctrl takes over now")
 	var last *electedCtrl
 	for _, c := range cs {
 		if c != next && c != lead {
