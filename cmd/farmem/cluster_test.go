@@ -36,13 +36,15 @@ type netCluster struct {
 	ctrl    string // the ctrls' addresses, comma-separated: every client's --ctrl
 	ctrls   []*exec.Cmd
 	addrs   []string // of the ctrls, in the order of ctrls
+	etcd    *etcdtest.Cluster
 	servers []*netServer
 }
 
 // netOpts says how a netCluster's ctrls keep their state.
 type netOpts struct {
-	etcd  bool // in etcd, not a file
-	ctrls int  // this many ctrls (more than one: on etcd)
+	etcd        bool // in etcd, not a file
+	ctrls       int  // this many ctrls (more than one: on etcd)
+	etcdMembers int  // members of the etcd cluster (default 1)
 }
 
 type netServer struct {
@@ -108,7 +110,8 @@ func newNetCluster(t *testing.T, servers int, opts ...netOpts) *netCluster {
 	c.ca = filepath.Join(certs, "ca.pem")
 	store := []string{"--state", filepath.Join(dir, "ctrl")}
 	if opt.etcd || opt.ctrls > 1 {
-		store = []string{"--etcd", strings.Join(etcdtest.Start(t, 1, "").Endpoints(), ",")}
+		c.etcd = etcdtest.Start(t, max(opt.etcdMembers, 1), "")
+		store = []string{"--etcd", strings.Join(c.etcd.Endpoints(), ",")}
 	}
 	for _, addr := range c.addrs {
 		cmd, _ := startLogged(t, "ctrl "+addr, append([]string{farmemBin(t), "ctrl", "--listen", addr, "--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s",
@@ -374,14 +377,14 @@ func mustPort(t *testing.T, addr string) int {
 	return n
 }
 
-// Two ctrls on one etcd, three memory servers, redis at --replicas 2: the leading ctrl is
-// killed (SIGKILL: its lease runs out rather than being given up), then a memory server. The
-// other ctrl takes over: the memory servers and the client move to it, it restores the replica
-// count, places the new slabs, and `farmem status` through either address is answered by it.
-// DEBUG DIGEST is unchanged throughout.
+// Two ctrls on a three-member etcd, three memory servers, redis at --replicas 2: the leading
+// ctrl is killed (SIGKILL: its lease runs out rather than being given up), then an etcd
+// member, then a memory server. The other ctrl takes over: the memory servers and the client
+// move to it, it restores the replica count, places the new slabs, and `farmem status`
+// through either address is answered by it. DEBUG DIGEST is unchanged throughout.
 func TestClusterCtrlFailover(t *testing.T) {
 	need(t, "redis-server")
-	c := newNetCluster(t, 3, netOpts{ctrls: 2})
+	c := newNetCluster(t, 3, netOpts{ctrls: 2, etcdMembers: 3})
 	_, leader, err := c.statusFrom(c.ctrl)
 	if err != nil {
 		t.Fatal(err)
@@ -430,6 +433,7 @@ func TestClusterCtrlFailover(t *testing.T) {
 		t.Fatalf("status through the dead leader's address first: answered by %s, %v; want %s", by, err, survivor)
 	}
 
+	c.etcd.Members[0].Kill() // two of three still make a quorum
 	c.servers[0].kill()
 	readAll(40000)
 	c.waitRestored(c.servers[0])
@@ -454,6 +458,6 @@ func TestClusterCtrlFailover(t *testing.T) {
 		t.Fatalf("farmem run ended with %v", err)
 	}
 	if strings.Trim(d0, "0") == "" || d0 != d1 || d1 != d2 {
-		t.Fatalf("DEBUG DIGEST changed: before %s, after the leading ctrl was killed %s, after a memory server too %s", d0, d1, d2)
+		t.Fatalf("DEBUG DIGEST changed: before %s, after the leading ctrl was killed %s, after an etcd member and a memory server too %s", d0, d1, d2)
 	}
 }
