@@ -41,7 +41,8 @@ func (s *Service) campaign(ctx context.Context) {
 	ttl := int(cmp.Or(s.election.LeaseTTL, DefaultLeaseTTL).Seconds())
 	var outage error
 	for ctx.Err() == nil {
-		sess, err := concurrency.NewSession(es.cli, concurrency.WithTTL(ttl))
+		// With ctx, so that stopping does not wait on an etcd that does not answer.
+		sess, err := concurrency.NewSession(es.cli, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
 		if err != nil {
 			if outage == nil && ctx.Err() == nil {
 				s.logf("cannot join the ctrl election in etcd at %s, retrying: %v", es.endpoints, err)
@@ -55,7 +56,7 @@ func (s *Service) campaign(ctx context.Context) {
 		}
 		outage = nil
 		s.leadOnce(ctx, es, sess)
-		sess.Close() // revokes the lease: the next leader need not wait out its TTL
+		sess.Close() // revokes the lease if it can (after ctx ended, the leader has resigned)
 	}
 }
 
@@ -88,6 +89,10 @@ func (s *Service) leadOnce(ctx context.Context, es *EtcdStore, sess *concurrency
 		cancel()
 		if ctx.Err() == nil && !errors.Is(err, context.Canceled) {
 			s.logf("the ctrl election in etcd failed, campaigning again: %v", err)
+			select { // not at once: etcd's error may be there again at once
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 		return
 	}
@@ -100,19 +105,21 @@ func (s *Service) leadOnce(ctx context.Context, es *EtcdStore, sess *concurrency
 		return
 	}
 	select {
-	case <-sess.Done():
+	case <-sess.Done(): // also when ctx ends: the session's keep-alive stops with it
+	case <-ctx.Done():
+	}
+	if ctx.Err() == nil {
 		s.stepDown("its etcd lease ended (cut off from etcd, or revoked)")
-	case <-cctx.Done():
+	} else {
+		// Shutting down: save what is pending while still the leader (the lease outlives its
+		// keep-alive by up to its TTL), then let go.
 		s.stepDown("")
-		if ctx.Err() != nil {
-			// Shutting down: save what is pending while still the leader, then let go.
-			s.flush()
-			rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := el.Resign(rctx); err == nil {
-				s.logf("resigned the lead: another ctrl takes over now")
-			}
-			rcancel()
+		s.flush()
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := el.Resign(rctx); err == nil {
+			s.logf("resigned the lead: another ctrl takes over now")
 		}
+		rcancel()
 	}
 	cancel()
 }

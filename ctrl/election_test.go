@@ -6,6 +6,7 @@ package ctrl_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"regexp"
@@ -207,5 +208,29 @@ func revokeLeader(t *testing.T, c *electedCtrl) {
 	}
 	if _, err := cli.Revoke(context.Background(), clientv3.LeaseID(resp.Kvs[0].Lease)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A leader cut off from etcd stops deciding once its lease can no longer be renewed: it
+// refuses every request rather than place a slab no other ctrl would know of.
+func TestCtrlLeaderCutOffStepsDown(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t, 1, "")
+	c := startElected(t, etcd.Endpoints(), &clock{t: time.Now()})
+	cl := ctrl.NewClient(c.addr, token, nil)
+	if _, err := cl.ServerHeartbeat(ctx, report("a", 7070)); err != nil {
+		t.Fatal(err)
+	}
+	sess, err := cl.OpenSession(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd.Members[0].Kill()
+	awaitLog(t, c, "no longer leading the ctrls: its etcd lease ended")
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err = cl.AllocSlab(short, sess.ID, 1)
+	if !errors.Is(err, ctrl.ErrNotLeader) || !strings.Contains(err.Error(), "is not the leader, and no leader is elected yet") {
+		t.Errorf("an allocation from a ctrl cut off from etcd: %v", err)
 	}
 }
