@@ -113,7 +113,12 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	addr := c.Addr()
 	deadline := time.Now().Add(failover)
 	var lastErr error
+	unreachable := map[string]bool{} // the ctrls of the list not reached since one was
 	for attempt := 0; ; attempt++ {
+		if len(unreachable) == len(c.addrs) {
+			// No ctrl is there to elect a leader: waiting would not help.
+			return fmt.Errorf("cannot reach any of the farmem ctrls %s: %w", strings.Join(c.addrs, ", "), lastErr)
+		}
 		if attempt > len(c.addrs) {
 			// Every ctrl tried: wait for an election to finish, within the call's bounds.
 			if time.Now().After(deadline) {
@@ -126,6 +131,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 			}
 		}
 		err, connected := c.doOne(ctx, addr, method, path, body, out)
+		if connected {
+			clear(unreachable)
+		} else if slices.Contains(c.addrs, addr) {
+			unreachable[addr] = true
+		}
 		var e *Error
 		notLeader := errors.As(err, &e) && errors.Is(err, ErrNotLeader)
 		switch {

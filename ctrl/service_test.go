@@ -494,3 +494,12 @@ func TestCtrlLogsSlowSave(t *testing.T) {
 		t.Errorf("a 1.1 s save was not logged: %q", log.String())
 	}
 }
+
+// Given several ctrls of which none is up, the client says so at once, naming them all.
+func TestCtrlClientNoneOfSeveralReachable(t *testing.T) {
+	a, b := freeAddr(t), freeAddr(t)
+	_, err := ctrl.NewClient(a+","+b, token, nil).Status(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "cannot reach any of the farmem ctrls "+a+", "+b+": cannot reach the farmem ctrl at ") {
+		t.Errorf("two ctrls down: %v", err)
+	}
+}
