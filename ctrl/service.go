@@ -320,6 +320,11 @@ func (s *Service) reloadLocked() error {
 // apply runs fn on the cluster and, if fn changed what is persisted, saves before returning:
 // the caller replies only once the change would survive a crash. A change that lost the race
 // to another writer is decided again on the state that writer saved.
+//
+// The cluster is ticked to now first, and what that tick decided (a server's death, a
+// replacement replica) is saved by the service's next Tick, not waited for here: a request
+// that changes nothing itself — a heartbeat — never waits on the store, so a store that
+// stalls for a moment does not make the ctrl miss the heartbeats of live servers.
 func (s *Service) apply(fn func(c *Cluster, now time.Time) (any, error)) (any, error) {
 	for attempt := 1; ; attempt++ {
 		if !s.leading.Load() {
@@ -327,8 +332,10 @@ func (s *Service) apply(fn func(c *Cluster, now time.Time) (any, error)) (any, e
 		}
 		s.mu.Lock()
 		epoch := s.epoch
+		now := s.now()
+		s.cluster.Tick(now)
 		before := s.cluster.Version()
-		out, err := fn(s.cluster, s.now())
+		out, err := fn(s.cluster, now)
 		ver, st := s.snapshotLocked(before)
 		ev := s.cluster.TakeEvents()
 		s.mu.Unlock()
@@ -365,7 +372,15 @@ func (s *Service) Handler() http.Handler {
 		if !decode(w, r, &rep) {
 			return
 		}
-		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return c.ServerHeartbeat(now, rep) })
+		out, err := s.apply(func(c *Cluster, now time.Time) (any, error) { return c.ServerHeartbeat(now, rep) })
+		if hr, ok := out.(HeartbeatReply); ok && err == nil && len(hr.Free) > 0 {
+			// The server is about to free slabs: only once what released them is saved, so
+			// that a restarted ctrl cannot place them there again.
+			if ferr := s.flush(); ferr != nil {
+				out, err = nil, ferr
+			}
+		}
+		respond(w, out, err)
 	})
 	mux.HandleFunc("POST /v1/sessions", func(w http.ResponseWriter, r *http.Request) {
 		var req struct {

@@ -503,3 +503,78 @@ func TestCtrlClientNoneOfSeveralReachable(t *testing.T) {
 		t.Errorf("two ctrls down: %v", err)
 	}
 }
+
+// gatedStore is a FileStore whose saves wait while the gate is shut: a store that stalls.
+type gatedStore struct {
+	*ctrl.FileStore
+	mu   sync.Mutex
+	gate chan struct{} // guarded by mu; nil: open
+}
+
+func (g *gatedStore) shut() { g.mu.Lock(); g.gate = make(chan struct{}); g.mu.Unlock() }
+func (g *gatedStore) open() { g.mu.Lock(); close(g.gate); g.gate = nil; g.mu.Unlock() }
+
+func (g *gatedStore) Save(ctx context.Context, st ctrl.State, rev ctrl.Revision) (ctrl.Revision, error) {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return g.FileStore.Save(ctx, st, rev)
+}
+
+// A heartbeat that changes nothing itself does not wait on the store, even when the tick it
+// runs first decided something (here, another server's death) that is still being saved: a
+// stalled store must not make the ctrl miss live servers' heartbeats and declare them dead.
+func TestCtrlHeartbeatDoesNotWaitOnStore(t *testing.T) {
+	ctx := context.Background()
+	fs, err := ctrl.OpenFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+	store := &gatedStore{FileStore: fs}
+	clk := &clock{t: time.Now()}
+	svc, err := ctrl.NewService(ctrl.ServiceConfig{Config: ctrl.Config{Token: token, SlabPages: 256}, Store: store, Now: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(svc.Handler())
+	defer hs.Close()
+	cl := ctrl.NewClient(strings.TrimPrefix(hs.URL, "http://"), token, nil)
+	for _, id := range []string{"a", "b"} {
+		if _, err := cl.ServerHeartbeat(ctx, report(id, 7070)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.add(1500 * time.Millisecond)
+	if _, err := cl.ServerHeartbeat(ctx, report("b", 7071)); err != nil {
+		t.Fatal(err)
+	}
+	store.shut()
+	clk.add(1500 * time.Millisecond) // a has not heartbeated for longer than dead-after; b has
+	done := make(chan error, 1)
+	go func() { _, err := cl.ServerHeartbeat(ctx, report("b", 7071)); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("b's heartbeat: %v", err)
+		}
+	case <-time.After(10 * time.Second): // a hang guard: the store is shut until the test opens it
+		t.Errorf("b's heartbeat waited on the stalled store")
+	}
+	saved := make(chan struct{})
+	go func() { svc.Tick(); close(saved) }() // saves a's death, once the store lets it
+	store.open()
+	<-saved
+	st, _ := cl.Status(ctx)
+	for _, s := range st.Servers {
+		if s.Healthy != (s.ID == "b") {
+			t.Errorf("%s healthy=%v, want only b", s.ID, s.Healthy)
+		}
+	}
+	if got, _, _, _ := fs.Load(ctx); len(got.Servers) != 2 || !got.Servers[0].Dead {
+		t.Errorf("a's death is not in the store: %+v", got.Servers)
+	}
+}
