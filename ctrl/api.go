@@ -90,6 +90,7 @@ type SlabMap struct {
 
 // Status is the cluster as `farmem status` shows it (GET /v1/status).
 type Status struct {
+	Leader    string          `json:"leader,omitempty"` // with several ctrls: the leader's address (it answered)
 	SlabPages uint32          `json:"slab_pages"`
 	Servers   []ServerStatus  `json:"servers"`
 	Sessions  []SessionStatus `json:"sessions"`

@@ -135,7 +135,7 @@ func TestCtrlElection(t *testing.T) {
 	for _, f := range followers {
 		one := ctrl.NewClient(f.addr, token, nil)
 		st, err := one.Status(ctx)
-		if err != nil || st.Totals.Servers != 3 || st.Totals.Slabs != 1 || one.Addr() != lead.addr {
+		if err != nil || st.Totals.Servers != 3 || st.Totals.Slabs != 1 || one.Addr() != lead.addr || st.Leader != lead.addr {
 			t.Errorf("status through follower %s: %+v %v (answered by %s)", f.addr, st.Totals, err, one.Addr())
 		}
 	}

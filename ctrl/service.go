@@ -461,7 +461,13 @@ func (s *Service) Handler() http.Handler {
 		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return struct{}{}, c.CloseSession(now, id) })
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		s.reply(w, func(c *Cluster, now time.Time) (any, error) { return c.Status(now), nil })
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) {
+			st := c.Status(now)
+			if s.election != nil {
+				st.Leader = s.election.Advertise
+			}
+			return st, nil
+		})
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		respond(w, nil, errorf(ErrNotFound, "the farmem ctrl has no %s %s", r.Method, r.URL.Path))

@@ -266,6 +266,9 @@ func statusCommand() *cli.Command {
 func printCtrlStatus(out io.Writer, st ctrl.Status) {
 	pages := func(n uint64) string { return ctrl.FormatBytes(n * ctrl.PageSize) }
 	t := st.Totals
+	if st.Leader != "" {
+		fmt.Fprintf(out, "leading ctrl: %s\n", st.Leader)
+	}
 	fmt.Fprintf(out, "memory servers: %d healthy of %d, %s capacity, %s used; slabs of %s\n",
 		t.HealthyServers, t.Servers, pages(t.CapacityPages), pages(t.UsedPages), pages(uint64(st.SlabPages)))
 	if len(st.Servers) > 0 {

@@ -308,7 +308,7 @@ func TestCtrlCommandOnEtcdWithTLS(t *testing.T) {
 		err := ctrlTestApp(out, newCtrlLog()).Run(append([]string{"farmem", "status", "--ctrl", addr, "--token-file", tokFile}, args...))
 		return out.String(), err
 	}
-	if text, err := status(addr, "--ca", filepath.Join(certs, "ca.pem")); err != nil || !strings.Contains(text, "memory servers: 1 healthy of 1") || !strings.Contains(text, "sessions: 1, 1 slabs") {
+	if text, err := status(addr, "--ca", filepath.Join(certs, "ca.pem")); err != nil || !strings.HasPrefix(text, "leading ctrl: "+addr+"\nmemory servers: 1 healthy of 1") || !strings.Contains(text, "sessions: 1, 1 slabs") {
 		t.Errorf("farmem status --ca: %v\n%s", err, text)
 	}
 	if _, err := status(addr); err == nil || !strings.Contains(err.Error(), "it serves TLS: give --ca FILE") {
