@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -33,7 +35,9 @@ import (
 //
 // A transaction holds at most the etcd server's --max-txn-ops operations (128 unless set): a
 // change touching more keys (a server dying under slabs of more than ~127 sessions) needs
-// etcd started with a larger limit, and the error says so.
+// etcd started with a larger limit, and the error says so. A session's slab map is one value,
+// and a transaction at most etcd's --max-request-bytes (1.5 MiB unless set): a session with
+// very many slabs needs a larger one, and the error says that too.
 type EtcdStore struct {
 	cli       *clientv3.Client
 	endpoints string // for messages
@@ -252,6 +256,9 @@ func (e *EtcdStore) Save(ctx context.Context, st State, rev Revision) (Revision,
 	if err != nil {
 		// It may have been applied all the same: the next Save reads the store first.
 		e.knownRev = -1
+		if errors.Is(err, rpctypes.ErrRequestTooLarge) {
+			return 0, fmt.Errorf("writing the ctrl state to etcd at %s: %v: this change is larger than etcd takes in one request; start etcd with a larger --max-request-bytes", e.endpoints, err)
+		}
 		return 0, fmt.Errorf("writing the ctrl state to etcd at %s: %v", e.endpoints, err)
 	}
 	if !resp.Succeeded {

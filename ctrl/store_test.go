@@ -294,6 +294,16 @@ func TestEtcdStoreErrors(t *testing.T) {
 		t.Errorf("11 keys on an etcd that takes 8: %v", err)
 	}
 
+	// A change larger than etcd takes in one request: the error names the flag.
+	small := etcdtest.Start(t, 1, "", "--max-request-bytes", "4096")
+	st = ctrl.State{Version: ctrl.StateVersion, NextSlab: 1, Sessions: []ctrl.SessionState{{ID: fabric.NewSessionID(), Generation: 1}}}
+	for i := range 100 {
+		st.Sessions[0].Slabs = append(st.Sessions[0].Slabs, ctrl.SlabState{Slab: ctrl.Slab{ID: uint64(i + 1), Pages: 256, Replicas: []ctrl.Replica{}}, Want: 1})
+	}
+	if _, err := openEtcd(t, ctrl.EtcdConfig{Endpoints: small.Endpoints()}).Save(ctx, st, 0); err == nil || !strings.Contains(err.Error(), "start etcd with a larger --max-request-bytes") {
+		t.Errorf("a session over etcd's request size: %v", err)
+	}
+
 	// A key the ctrl does not know under its prefix, and a prefix without meta.
 	raw := openEtcd(t, ctrl.EtcdConfig{Endpoints: cl.Endpoints()}).Client()
 	raw.Put(ctx, "/other/x", "1")
