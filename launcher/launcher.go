@@ -157,7 +157,7 @@ func Run(o Options) (int, error) {
 		goruntime.LockOSThread()
 		// Born in a memory cgroup whose threshold says when to arm, the program costs the
 		// runtime no polling until then; where there is none, the runtime polls instead.
-		contained, _ := rt.ContainChildren()
+		contained, _ := rt.ContainChildren(cmd.SysProcAttr)
 		err := cmd.Start()
 		contained()
 		if err != nil {
@@ -367,7 +367,11 @@ func handleConn(c *conn, rt *runtime.Runtime) {
 			c.c.Close()
 			return
 		}
-		a := &agentConn{c: c}
+		a, err := newAgentConn(c)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "farmem: process %d: %v\n", m.Pid, err)
+			return
+		}
 		if m.B != 0 {
 			p.Table().Lock()
 			p.Table().Pin(m.B, m.B+m.C)

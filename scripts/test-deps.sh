@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What `make test` needs beyond Go and gcc, installed or built once and then reused:
-#   - the programs the end-to-end tests run (Debian packages: redis, memcached, numpy, ...);
+#   - the programs the end-to-end tests run (Debian packages: redis, memcached, numpy, a JDK, node, ...);
 #   - Jaeger v2, the real OTLP receiver of the telemetry test (cmd/farmem/jaeger_test.go),
 #     built from its Go module into a cache outside the repository ($FARMEM_JAEGER);
 #   - etcd, the ctrl's replicated store in the ctrl's tests (ctrl/etcdtest), built the same way
@@ -9,7 +9,8 @@
 # too; it says what is missing and fails otherwise. It prints nothing when all is in place.
 set -euo pipefail
 
-packages=(gcc make libc6-dev redis-server redis-tools memcached bc jq iproute2 openssl curl python3 python3-numpy)
+packages=(gcc make libc6-dev redis-server redis-tools memcached bc jq iproute2 openssl curl python3 python3-numpy
+  openjdk-17-jdk-headless nodejs)
 jaeger_version=v1.76.0
 jaeger=${FARMEM_JAEGER:-/var/cache/farmem-jaeger/jaeger-$jaeger_version}
 etcd_version=v3.7.3 # workloads/etcd/go.mod's server, go.mod's client and ctrl/etcdtest say the same
