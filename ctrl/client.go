@@ -46,7 +46,7 @@ type Client struct {
 func NewClient(addr string, tok fabric.Token, ca *x509.CertPool) *Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = &tls.Config{RootCAs: ca, MinVersion: tls.VersionTLS13}
-	c := &Client{addrs: strings.Split(addr, ","), tok: tok, scheme: "http://",
+	c := &Client{addrs: splitAddrs(addr), tok: tok, scheme: "http://",
 		// A bound on every call even if the caller's context has none: the ctrl answers from
 		// memory plus at most one store write, so 15 s means it is gone, not slow.
 		hc: &http.Client{Timeout: 15 * time.Second, Transport: tr}}
@@ -59,11 +59,25 @@ func NewClient(addr string, tok fabric.Token, ca *x509.CertPool) *Client {
 	return c
 }
 
+// splitAddrs is a comma-separated list of addresses, spaces and empty entries dropped.
+func splitAddrs(list string) []string {
+	var out []string
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		return []string{""} // an empty address: the request fails naming it
+	}
+	return out
+}
+
 // CheckPlaintext says why the ctrl at addr (or one of a comma-separated list) may not be
 // reached in clear: it is not on a loopback address, so the cluster token would cross a network
 // readable by others.
 func CheckPlaintext(addr string) error {
-	for _, a := range strings.Split(addr, ",") {
+	for _, a := range splitAddrs(addr) {
 		hostport := a
 		if u, err := url.Parse(a); err == nil && u.Host != "" {
 			if u.Scheme == "https" {

@@ -82,7 +82,7 @@ func TestCtrlElection(t *testing.T) {
 	etcd := etcdtest.Start(t, 1, "")
 	clk := &clock{t: time.Now()}
 	cs := []*electedCtrl{startElected(t, etcd.Endpoints(), clk), startElected(t, etcd.Endpoints(), clk), startElected(t, etcd.Endpoints(), clk)}
-	list := cs[0].addr + "," + cs[1].addr + "," + cs[2].addr
+	list := cs[0].addr + ", " + cs[1].addr + "," + cs[2].addr + "," // as a person might type it
 	cl := ctrl.NewClient(list, token, nil)
 	for i, id := range []string{"a", "b", "c"} {
 		if _, err := cl.ServerHeartbeat(ctx, report(id, 7070+i)); err != nil {
