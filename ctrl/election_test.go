@@ -7,10 +7,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -232,5 +235,116 @@ func TestCtrlLeaderCutOffStepsDown(t *testing.T) {
 	_, err = cl.AllocSlab(short, sess.ID, 1)
 	if !errors.Is(err, ctrl.ErrNotLeader) || !strings.Contains(err.Error(), "is not the leader, and no leader is elected yet") {
 		t.Errorf("an allocation from a ctrl cut off from etcd: %v", err)
+	}
+}
+
+// cutProxy forwards TCP to an address until cut: then it closes every connection and
+// refuses new ones, as a partition would.
+type cutProxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn // guarded by mu
+	cut   bool       // guarded by mu
+}
+
+func startCutProxy(t *testing.T, to string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln}
+	t.Cleanup(p.partition)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", to)
+			p.mu.Lock()
+			if err != nil || p.cut {
+				p.mu.Unlock()
+				c.Close()
+				if s != nil {
+					s.Close()
+				}
+				continue
+			}
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { io.Copy(s, c); s.Close() }()
+			go func() { io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) addr() string { return "http://" + p.ln.Addr().String() }
+
+func (p *cutProxy) partition() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	p.ln.Close()
+	for _, c := range p.conns {
+		c.Close()
+	}
+}
+
+// The leader is cut off from etcd while clients still reach it: it places nothing from then
+// on (its saves cannot land), the other ctrl leads once the lease runs out, and every slab a
+// client was given is in etcd once, with no id handed out twice.
+func TestCtrlLeaderPartitionedFromEtcd(t *testing.T) {
+	ctx := context.Background()
+	etcd := etcdtest.Start(t, 1, "")
+	proxy := startCutProxy(t, strings.TrimPrefix(etcd.Endpoints()[0], "http://"))
+	clk := &clock{t: time.Now()}
+	a := startElected(t, []string{proxy.addr()}, clk)
+	leader(t, a) // a leads: it campaigned alone
+	b := startElected(t, etcd.Endpoints(), clk)
+	cl := ctrl.NewClient(a.addr+","+b.addr, token, nil)
+	for i, id := range []string{"a", "b", "c"} {
+		if _, err := cl.ServerHeartbeat(ctx, report(id, 7070+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sess, err := cl.OpenSession(ctx, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := cl.AllocSlab(ctx, sess.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	proxy.partition()
+	short, cancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err = ctrl.NewClient(a.addr, token, nil).AllocSlab(short, sess.ID, 2)
+	cancel()
+	if err == nil {
+		t.Fatalf("the ctrl cut off from etcd placed a slab")
+	}
+	t.Logf("an allocation from the cut-off leader: %v", err)
+	leader(t, b)
+	awaitLog(t, a, "no longer leading the ctrls: its etcd lease ended")
+
+	second, err := cl.AllocSlab(ctx, sess.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.ID <= first.ID || cl.Addr() != b.addr {
+		t.Errorf("after the partition: slab %d (before %d) from %s, want a new id from %s", second.ID, first.ID, cl.Addr(), b.addr)
+	}
+	st, _, _, err := b.store.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uint64
+	for _, s := range st.Sessions[0].Slabs {
+		ids = append(ids, s.ID)
+	}
+	if !slices.Equal(ids, []uint64{first.ID, second.ID}) {
+		t.Errorf("etcd holds slabs %v; the clients were given %d and %d", ids, first.ID, second.ID)
 	}
 }
