@@ -45,6 +45,8 @@ bin/memcachedrive:
 # The tests' programs and Jaeger are installed or built once (scripts/test-deps.sh), then reused.
 FARMEM_JAEGER ?= /var/cache/farmem-jaeger/jaeger-v1.76.0
 export FARMEM_JAEGER
+FARMEM_ETCD ?= /var/cache/farmem-etcd/etcd-v3.7.3
+export FARMEM_ETCD
 .PHONY: test-deps
 test-deps:
 	scripts/test-deps.sh

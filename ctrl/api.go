@@ -25,7 +25,6 @@ const (
 	DefaultDeadRetention  = 24 * time.Hour         // a dead server stays listed this long
 	DefaultSlabPages      = 16384                  // 64 MiB slabs
 	MaxReplicas           = 8                      // more copies than this is a mistake, not a policy
-	MaxClockSkew          = 5 * time.Minute        // accepted difference between a request's timestamp and the ctrl's clock
 )
 
 // Replica states.
@@ -91,6 +90,7 @@ type SlabMap struct {
 
 // Status is the cluster as `farmem status` shows it (GET /v1/status).
 type Status struct {
+	Leader    string          `json:"leader,omitempty"` // with several ctrls: the leader's address (it answered)
 	SlabPages uint32          `json:"slab_pages"`
 	Servers   []ServerStatus  `json:"servers"`
 	Sessions  []SessionStatus `json:"sessions"`
@@ -145,6 +145,7 @@ var (
 	ErrGone         = errors.New("gone")           // 410: a memory server the ctrl declared dead
 	ErrNoRoom       = errors.New("no room")        // 503: not enough live servers with free memory
 	ErrInternal     = errors.New("internal error") // 500: e.g. the state cannot be written
+	ErrNotLeader    = errors.New("not the leader") // 421: one of several ctrls, not the one deciding; the error names the leader
 )
 
 // UnauthorizedMsg is what a request without the right token is told.
@@ -152,8 +153,9 @@ const UnauthorizedMsg = "wrong or missing cluster token: check --token-file matc
 
 // Error is an API error: a kind (one of the Err* values) and a message for a person.
 type Error struct {
-	Kind error
-	Msg  string
+	Kind   error
+	Msg    string
+	Leader string // with ErrNotLeader: the leading ctrl's address, if one is elected
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -171,6 +173,7 @@ var statusOfKind = map[error]int{
 	ErrGone:         410,
 	ErrInternal:     500,
 	ErrNoRoom:       503,
+	ErrNotLeader:    421,
 }
 
 func httpStatus(err error) int {

@@ -552,6 +552,40 @@ func TestCtrlRestoreGivesGracePeriod(t *testing.T) {
 	}
 }
 
+// A cluster that reloads a state another writer saved keeps the heartbeat times it saw of the
+// servers and sessions it knew: it has been hearing them all along. Those it did not know get
+// the grace period.
+func TestCtrlRestoreKeepsKnownHeartbeats(t *testing.T) {
+	c := newTestCluster(1, 16)
+	srv := servers(2, 1000)
+	srv[0].heartbeat(t, c, t0)
+	sid := openSession(t, c, t0)
+	other := newTestCluster(2, 16)
+	if err := other.Restore(t0, c.State()); err != nil {
+		t.Fatal(err)
+	}
+	srv[1].heartbeat(t, other, at(time.Second)) // joins through the other writer
+	reload := at(1500 * time.Millisecond)
+	if err := c.Restore(reload, other.State()); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Status(reload)
+	for _, s := range st.Servers {
+		want := map[string]int64{"srv-a": 1500, "srv-b": 0}[s.ID]
+		if s.MsSinceHeartbeat != want || !s.Healthy {
+			t.Errorf("%s: %d ms since its heartbeat after the reload, want %d", s.ID, s.MsSinceHeartbeat, want)
+		}
+	}
+	if st.Sessions[0].ID != sid || st.Sessions[0].MsSinceHeartbeat != 1500 {
+		t.Errorf("the session's heartbeat after the reload: %+v", st.Sessions[0])
+	}
+	// srv-a, silent since t0, dies dead-after past t0 — not past the reload.
+	c.Tick(at(DefaultDeadAfter + time.Millisecond))
+	if st := c.Status(at(DefaultDeadAfter + time.Millisecond)); st.Totals.HealthyServers != 1 {
+		t.Errorf("%d healthy servers dead-after past srv-a's last heartbeat, want 1", st.Totals.HealthyServers)
+	}
+}
+
 func TestCtrlFormatBytes(t *testing.T) {
 	for n, want := range map[uint64]string{0: "0B", 4096: "4KiB", 64 << 20: "64MiB", 3 << 29: "1.5GiB",
 		8<<30 - 8<<20: "7.99GiB", 4<<30 - 4<<20: "3.996GiB", 1 << 40: "1TiB"} {

@@ -2,25 +2,64 @@
 // by power of two choices on free memory, replicas on distinct servers, re-replication after a
 // server dies, state kept across restarts, and the HTTP/JSON API behind `farmem status`.
 //
-// Lock order. There are three locks and Service.mu is never held together with another:
+// Lock order. Service.mu is the innermost lock: no I/O, no logging and no other lock is taken
+// while it is held.
 //
+//	Service.saveMu  serializes writes to the Store, and reloads after a lost race
 //	Service.mu      guards the Cluster (the state machine is not safe for concurrent use). Held
-//	                only for in-memory work: no I/O, no logging, no waiting for another lock.
-//	Service.saveMu  serializes writes to the Store; taken after mu is released, then
-//	FileStore.mu    (a FileStore may be shared by several writers).
+//	                only for in-memory work; taken under saveMu only to Restore a reloaded state.
+//	FileStore.mu / EtcdStore.mu   taken inside the store's methods (a store may be shared by
+//	                several writers), under saveMu, never with mu held.
 //
-// So saveMu → FileStore.mu, and mu alone. That keeps a slow fsync from stalling heartbeats,
-// while a request that changed placement still waits for saveMu before it replies: what the
-// caller hears of is on disk.
+// So saveMu → mu and saveMu → store. That keeps a slow store from stalling heartbeats, while a
+// request that changed placement still waits for its save before it replies: what the caller
+// hears of is in the store.
 //
 // The split follows etcd's raft package: Cluster (cluster.go) is a deterministic state machine
 // over plain values. Time is an argument of every method (it never reads the clock),
 // randomness comes from an injected *rand.Rand, and what it decides comes back as return
 // values and Events. The edges are small and separate: the HTTP service (service.go), request
-// authentication (auth.go), persistence (store.go) and the Go client (client.go).
+// authentication (auth.go), persistence (store.go, etcdstore.go), certificates (cert.go) and
+// the Go client (client.go).
+//
+// Stores and races. A Store holds the State at a Revision, and Save is a compare-and-swap on
+// it (store.go): FileStore is one directory locked to one process; EtcdStore is etcd, shared by
+// any number of ctrls, every change one transaction conditioned on the revision the change was
+// decided on. A ctrl whose save loses to another writer changes nothing, reloads the state
+// that writer saved, and decides the request again on it (Service.apply): so two ctrls never
+// both place one slab, never hand out one slab id twice, and never both re-place one lost
+// replica. A ctrl that cannot reach its store places nothing (the request fails; no grant
+// leaves the ctrl).
+//
+// Several ctrls (election.go). Any number of ctrls may share one etcd: each campaigns in an
+// etcd election (a lease it keeps alive and a key bound to it), the one with the oldest key
+// leads, and only the leader runs the state machine — it loads the state when it wins, giving
+// every server and session a fresh grace period, since it heard none of their heartbeats. The
+// others answer every request with 421 (ErrNotLeader) naming the leader, and the Client, given
+// the list of ctrls, goes there, or to the next ctrl when one cannot be reached, waiting out an
+// election. The leader's saves are fenced on its leader key: once its lease has ended (it
+// crashed, or was cut off from etcd for the lease's TTL) no save of it lands, so it places
+// nothing more even before it notices; it stops deciding as soon as it does. A leader that
+// stops cleanly saves, resigns, and the next one leads at once.
+//
+// Authentication and replay. The API is served over TLS (TLS 1.3; `farmem cert` makes a
+// cluster CA and the ctrl's certificate, and clients trust only that CA), or in clear on a
+// loopback address only. Every request bears the cluster token: "Authorization: Bearer TOKEN".
+// Replay means re-sending a request someone else made. With TLS the bytes on the wire are
+// useless for that: each connection's keys come from a fresh ephemeral key exchange, so
+// recorded records, re-sent on a new connection, fail the handshake and nothing reaches the
+// handler (tls_test.go replays a captured session-opening connection); inside one connection
+// TLS's record sequence numbers refuse a repeated or reordered record; and Go's server accepts
+// no 0-RTT early data, the one TLS 1.3 feature that admits replay. What is left is someone
+// who holds the request in clear — a TLS-terminating proxy, a debug log — and that someone
+// holds the token itself, which lets them make any request, so a per-request nonce would add
+// nothing. On loopback in clear, only root on that host can read the traffic, and root can
+// read the token file. A client never sends the token in clear off loopback (CheckPlaintext).
 //
 // The API (JSON; errors are {"error": "..."} with a status code, see the Err* kinds; every
-// request carries AuthHeader):
+// request carries the bearer token, else 401):
+//
+// With several ctrls, any request to a follower gets 421 {"error", "leader": "HOST:PORT"}.
 //
 //	POST   /v1/servers/heartbeat              ServerReport → HeartbeatReply (410: this server instance was declared dead)
 //	POST   /v1/sessions                       {"name"} → Session

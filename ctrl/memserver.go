@@ -25,8 +25,8 @@ func ServeHeartbeats(ctx context.Context, c *Client, advertise string, srv *fabr
 		switch {
 		case errors.Is(err, ErrGone):
 			return fmt.Errorf("the ctrl declared this memory server dead (its slabs were re-placed elsewhere): %w", err)
-		case errors.Is(err, ErrUnauthorized):
-			return err
+		case errors.Is(err, ErrUnauthorized), errors.Is(err, ErrBadRequest):
+			return err // a wrong token, or the ctrl cannot be spoken to as asked: retrying changes nothing
 		case err != nil:
 			if outage == nil && ctx.Err() == nil {
 				logf("farmem memserver: cannot reach the ctrl, retrying: %v", err)

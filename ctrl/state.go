@@ -70,9 +70,11 @@ func (c *Cluster) State() State {
 }
 
 // Restore replaces the cluster's state with st, as of now: live servers must heartbeat within
-// DeadAfter of now and sessions within SessionTimeout of now. Grants are re-signed with the
-// current token rather than trusted from the file. A replica on a server the state does not
-// list as live is dropped as if the server had just died.
+// DeadAfter of now and sessions within SessionTimeout of now — except those this cluster
+// already knew, which keep the heartbeat time it saw last (a ctrl that reloads the state another
+// writer saved has been hearing them all along). Grants are re-signed with the current token
+// rather than trusted from the store. A replica on a server the state does not list as live is
+// dropped as if the server had just died.
 func (c *Cluster) Restore(now time.Time, st State) error {
 	if st.Version != StateVersion {
 		return fmt.Errorf("ctrl state has version %d; this ctrl reads version %d", st.Version, StateVersion)
@@ -86,6 +88,9 @@ func (c *Cluster) Restore(now time.Time, st State) error {
 		}
 		srv := &server{id: s.ID, addr: s.Addr, capacity: s.CapacityPages, used: s.UsedPages, reported: map[uint64]struct{}{},
 			placed: map[uint64]*slab{}, lastSeen: now, dead: s.Dead, deadAt: s.DeadAt}
+		if old := c.servers[s.ID]; old != nil && !old.dead {
+			srv.lastSeen = old.lastSeen
+		}
 		for _, id := range s.Reported {
 			srv.reported[id] = struct{}{}
 		}
@@ -100,6 +105,9 @@ func (c *Cluster) Restore(now time.Time, st State) error {
 			return fmt.Errorf("ctrl state lists session %s twice", ss.ID)
 		}
 		sess := &session{id: ss.ID, name: ss.Name, gen: max(ss.Generation, 1), lastSeen: now, slabs: map[uint64]*slab{}}
+		if old := c.sessions[ss.ID]; old != nil {
+			sess.lastSeen = old.lastSeen
+		}
 		fresh.sessions[ss.ID] = sess
 		for _, s := range ss.Slabs {
 			if fresh.slabs[s.ID] != nil || s.ID == 0 {

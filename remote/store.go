@@ -15,6 +15,7 @@ package remote
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -29,10 +30,11 @@ import (
 
 // Config says where the cluster is and how to use it.
 type Config struct {
-	Ctrl     string       // the ctrl's address
-	Token    fabric.Token // the cluster token
-	Replicas int          // copies of every page (default 1)
-	Name     string       // the session's name in `farmem status`
+	Ctrl     string         // the ctrl's address
+	Token    fabric.Token   // the cluster token
+	CA       *x509.CertPool // the cluster CA: reach the ctrl over TLS (nil: in clear, loopback only)
+	Replicas int            // copies of every page (default 1)
+	Name     string         // the session's name in `farmem status`
 	// Dial reaches a memory server (default: fabric.DialTCP).
 	Dial func(addr string, cfg fabric.DialConfig) (fabric.Transport, error)
 	// Timeout bounds each request to a memory server (default 1s): past it, the next replica
@@ -79,7 +81,7 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token), spare: make(chan *slab, 1),
+	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token, cfg.CA), spare: make(chan *slab, 1),
 		lost: make(chan error, 1), stop: make(chan struct{})}
 	// Two ctrl calls, each bounded at 15 s by the client, share this budget: a ctrl slow to
 	// save the session should not leave the first slab's request no time of its own.

@@ -69,7 +69,7 @@ func (c *cluster) addServer() *memserver {
 	go srv.Serve(ln)
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &memserver{srv: srv, addr: ln.Addr().String(), stop: cancel}
-	go ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.ctrl, token), m.addr, srv, c.t.Logf)
+	go ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.ctrl, token, nil), m.addr, srv, c.t.Logf)
 	c.t.Cleanup(m.kill)
 	c.servers = append(c.servers, m)
 	// Wait until the ctrl lists it, so placement can use it.
@@ -92,7 +92,7 @@ func (m *memserver) kill() {
 
 func (c *cluster) waitStatus(ok func(ctrl.Status) bool) ctrl.Status {
 	c.t.Helper()
-	cl := ctrl.NewClient(c.ctrl, token)
+	cl := ctrl.NewClient(c.ctrl, token, nil)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		st, err := cl.Status(context.Background())

@@ -2,15 +2,19 @@
 # What `make test` needs beyond Go and gcc, installed or built once and then reused:
 #   - the programs the end-to-end tests run (Debian packages: redis, memcached, numpy, a JDK, node, ...);
 #   - Jaeger v2, the real OTLP receiver of the telemetry test (cmd/farmem/jaeger_test.go),
-#     built from its Go module into a cache outside the repository ($FARMEM_JAEGER).
+#     built from its Go module into a cache outside the repository ($FARMEM_JAEGER);
+#   - etcd, the ctrl's replicated store in the ctrl's tests (ctrl/etcdtest), built the same way
+#     from workloads/etcd, a main package of ours that pins the server module ($FARMEM_ETCD).
 # The tests run as root (userfaultfd, /proc of other processes, memory cgroups), so this does
 # too; it says what is missing and fails otherwise. It prints nothing when all is in place.
 set -euo pipefail
 
-packages=(gcc make libc6-dev redis-server redis-tools memcached bc jq iproute2 openssl python3 python3-numpy
+packages=(gcc make libc6-dev redis-server redis-tools memcached bc jq iproute2 openssl curl python3 python3-numpy
   openjdk-17-jdk-headless nodejs)
 jaeger_version=v1.76.0
 jaeger=${FARMEM_JAEGER:-/var/cache/farmem-jaeger/jaeger-$jaeger_version}
+etcd_version=v3.7.3 # workloads/etcd/go.mod's server, go.mod's client and ctrl/etcdtest say the same
+etcd=${FARMEM_ETCD:-/var/cache/farmem-etcd/etcd-$etcd_version}
 
 need=()
 for p in "${packages[@]}"; do
@@ -39,4 +43,13 @@ if [ ! -x "$jaeger" ]; then
   [ -n "$dir" ] || { echo "test-deps: could not download the Jaeger module" >&2; exit 1; }
   (cd "$dir" && GOFLAGS=-mod=mod go build -o "$jaeger.tmp" ./cmd/jaeger)
   mv "$jaeger.tmp" "$jaeger"
+fi
+
+if [ ! -x "$etcd" ]; then
+  echo "test-deps: building etcd $etcd_version into $etcd (once; about a minute)" >&2
+  mkdir -p "$(dirname "$etcd")"
+  # The server module's own directory does not build (its go.mod replaces modules by relative
+  # path); our two-line main package in its own module does.
+  (cd "$(dirname "$0")/../workloads/etcd" && go build -o "$etcd.tmp" .)
+  mv "$etcd.tmp" "$etcd"
 fi

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/ctrl"
+	"github.com/farmem/farmem/ctrl/etcdtest"
 	"github.com/farmem/farmem/fabric"
 )
 
@@ -22,12 +24,27 @@ import (
 // network goes, so a link can be cut (`ip link set down`) as well as a process killed.
 // Traffic stays inside namespaces the test created: 10.77.0.1 (the ctrl, on the root's lo)
 // and 10.77.N.1/10.77.N.2 (root and server N ends of veth N).
+//
+// The ctrl serves over TLS with a certificate from `farmem cert` (its address is not loopback),
+// and keeps its state in a file, or in a real etcd on the root's loopback. Several ctrls share
+// one etcd, at 10.77.0.1, 10.77.0.2, ...
 type netCluster struct {
 	t       *testing.T
 	tag     string // unique per test: names of namespaces and links
 	token   string // token file
-	ctrl    string // ctrl address
+	ca      string // the cluster CA: every client's --ca
+	ctrl    string // the ctrls' addresses, comma-separated: every client's --ctrl
+	ctrls   []*exec.Cmd
+	addrs   []string // of the ctrls, in the order of ctrls
+	etcd    *etcdtest.Cluster
 	servers []*netServer
+}
+
+// netOpts says how a netCluster's ctrls keep their state.
+type netOpts struct {
+	etcd        bool // in etcd, not a file
+	ctrls       int  // this many ctrls (more than one: on etcd)
+	etcdMembers int  // members of the etcd cluster (default 1)
 }
 
 type netServer struct {
@@ -60,7 +77,7 @@ func ip(t *testing.T, args ...string) {
 	}
 }
 
-func newNetCluster(t *testing.T, servers int) *netCluster {
+func newNetCluster(t *testing.T, servers int, opts ...netOpts) *netCluster {
 	if os.Getuid() != 0 {
 		t.Skip("network namespaces need root")
 	}
@@ -71,13 +88,36 @@ func newNetCluster(t *testing.T, servers int) *netCluster {
 	dir := t.TempDir()
 	c.token = filepath.Join(dir, "token")
 	os.WriteFile(c.token, []byte("cluster-test-token-0123456789abcdef\n"), 0o600)
-	// The ctrl's address lives on the root namespace's lo (this kernel has no dummy links), so
-	// it stays reachable from every server whichever link is cut.
-	ip(t, "addr", "add", "10.77.0.1/32", "dev", "lo")
-	t.Cleanup(func() { exec.Command("ip", "addr", "del", "10.77.0.1/32", "dev", "lo").Run() })
-	c.ctrl = fmt.Sprintf("10.77.0.1:%d", freePort(t))
-	startLogged(t, "ctrl", farmemBin(t), "ctrl", "--listen", c.ctrl, "--state", filepath.Join(dir, "ctrl"),
-		"--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s")
+	opt := netOpts{ctrls: 1}
+	if len(opts) > 0 {
+		opt = opts[0]
+	}
+	// The ctrls' addresses live on the root namespace's lo (this kernel has no dummy links), so
+	// they stay reachable from every server whichever link is cut.
+	var hosts []string
+	for i := 1; i <= max(opt.ctrls, 1); i++ {
+		host := fmt.Sprintf("10.77.0.%d", i)
+		ip(t, "addr", "add", host+"/32", "dev", "lo")
+		t.Cleanup(func() { exec.Command("ip", "addr", "del", host+"/32", "dev", "lo").Run() })
+		hosts = append(hosts, host)
+		c.addrs = append(c.addrs, fmt.Sprintf("%s:%d", host, freePort(t)))
+	}
+	c.ctrl = strings.Join(c.addrs, ",")
+	certs := filepath.Join(dir, "tls")
+	if out, err := exec.Command(farmemBin(t), "cert", "--dir", certs, "--host", strings.Join(hosts, ",")).CombinedOutput(); err != nil {
+		t.Fatalf("farmem cert: %v: %s", err, out)
+	}
+	c.ca = filepath.Join(certs, "ca.pem")
+	store := []string{"--state", filepath.Join(dir, "ctrl")}
+	if opt.etcd || opt.ctrls > 1 {
+		c.etcd = etcdtest.Start(t, max(opt.etcdMembers, 1), "")
+		store = []string{"--etcd", strings.Join(c.etcd.Endpoints(), ",")}
+	}
+	for _, addr := range c.addrs {
+		cmd, _ := startLogged(t, "ctrl "+addr, append([]string{farmemBin(t), "ctrl", "--listen", addr, "--token-file", c.token, "--slab-size", "4MiB", "--dead-after", "2s",
+			"--tls-cert", filepath.Join(certs, "ctrl.pem"), "--tls-key", filepath.Join(certs, "ctrl-key.pem")}, store...)...)
+		c.ctrls = append(c.ctrls, cmd)
+	}
 	for i := 1; i <= servers; i++ {
 		c.addServer(i)
 	}
@@ -108,7 +148,7 @@ func (c *netCluster) addServer(i int) {
 	ip(t, "-n", s.ns, "link", "set", "lo", "up")
 	ip(t, "-n", s.ns, "route", "add", "default", "via", fmt.Sprintf("10.77.%d.1", i))
 	s.cmd, _ = startLogged(t, "memserver "+s.addr, "ip", "netns", "exec", s.ns, farmemBin(t), "memserver",
-		"--listen", s.addr, "--capacity", "512MiB", "--ctrl", c.ctrl, "--token-file", c.token)
+		"--listen", s.addr, "--capacity", "512MiB", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca)
 	c.servers = append(c.servers, s)
 }
 
@@ -119,13 +159,25 @@ func (s *netServer) kill() { s.cmd.Process.Signal(syscall.SIGKILL) }
 func (c *netCluster) cut(s *netServer) { ip(c.t, "link", "set", s.link, "down") }
 
 func (c *netCluster) status() (ctrl.Status, error) {
+	st, _, err := c.statusFrom(c.ctrl)
+	return st, err
+}
+
+// statusFrom asks the ctrl(s) at addr; answeredBy is the ctrl that answered (the leader).
+func (c *netCluster) statusFrom(addr string) (st ctrl.Status, answeredBy string, err error) {
 	tok, err := fabric.LoadToken(c.token)
 	if err != nil {
-		return ctrl.Status{}, err
+		return ctrl.Status{}, "", err
+	}
+	ca, err := ctrl.LoadCA(c.ca)
+	if err != nil {
+		return ctrl.Status{}, "", err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return ctrl.NewClient(c.ctrl, tok).Status(ctx)
+	cl := ctrl.NewClient(addr, tok, ca)
+	st, err = cl.Status(ctx)
+	return st, cl.Addr(), err
 }
 
 func (c *netCluster) waitStatus(what string, ok func(ctrl.Status) bool) ctrl.Status {
@@ -169,7 +221,7 @@ func TestClusterRedisSurvivesServerLoss(t *testing.T) {
 	need(t, "redis-server")
 	c := newNetCluster(t, 4)
 	port := freePort(t)
-	args, summary := summarized(t, []string{"run", "--ctrl", c.ctrl, "--token-file", c.token, "--replicas", "2",
+	args, summary := summarized(t, []string{"run", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca, "--replicas", "2",
 		"--local-mem", "24MiB", "--", "redis-server", "--port", strconv.Itoa(port), "--save", "",
 		"--appendonly", "no", "--enable-debug-command", "yes", "--bind", "127.0.0.1"})
 	cmd := exec.Command(farmemBin(t), args...)
@@ -228,8 +280,8 @@ func TestClusterRedisSurvivesServerLoss(t *testing.T) {
 // With one copy of each page, losing its server stops the program with a message naming the
 // server: never zeros, never a hang.
 func TestClusterSingleCopyLossStopsProgram(t *testing.T) {
-	c := newNetCluster(t, 1)
-	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token,
+	c := newNetCluster(t, 1, netOpts{etcd: true})
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca,
 		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1000000")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -286,6 +338,10 @@ func TestClusterBadInput(t *testing.T) {
 		{[]string{"run", "--ctrl", addr, "--token-file", filepath.Join(dir, "nope"), "--local-mem", "64MiB", "--", "true"}, 125, "reading the cluster token"},
 		{[]string{"run", "--ctrl", unreachable, "--token-file", good, "--local-mem", "64MiB", "--", "true"}, 125, "cannot reach the farmem ctrl at " + unreachable},
 		{[]string{"run", "--replicas", "2", "--local-mem", "64MiB", "--", "true"}, 125, "give --ctrl"},
+		{[]string{"run", "--ctrl", "10.0.0.1:7000", "--token-file", good, "--local-mem", "64MiB", "--", "true"}, 125, "refusing to send the cluster token in clear to the ctrl at 10.0.0.1:7000"},
+		{[]string{"run", "--ca", good, "--local-mem", "64MiB", "--", "true"}, 125, "give --ctrl"},
+		{[]string{"memserver", "--ctrl", "10.0.0.1:7000", "--token-file", good, "--capacity", "64MiB", "--listen", "127.0.0.1:0"}, 125, "refusing to send the cluster token in clear"},
+		{[]string{"cert", "--bogus"}, 125, "flag provided but not defined: -bogus"},
 		{[]string{"run", "--ctrl", addr, "--token-file", good, "--replicas", "0", "--local-mem", "64MiB", "--", "true"}, 125, "--replicas 0"},
 		{[]string{"run", "--ctrl", addr, "--token-file", good, "--compress", "lz4", "--local-mem", "64MiB", "--", "true"}, 125, "--compress applies to the embedded store"},
 		{[]string{"memserver", "--ctrl", addr, "--token-file", bad, "--capacity", "64MiB", "--listen", fmt.Sprintf("127.0.0.1:%d", freePort(t))}, 1, "wrong or missing cluster token"},
@@ -319,4 +375,89 @@ func mustPort(t *testing.T, addr string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// Two ctrls on a three-member etcd, three memory servers, redis at --replicas 2: the leading
+// ctrl is killed (SIGKILL: its lease runs out rather than being given up), then an etcd
+// member, then a memory server. The other ctrl takes over: the memory servers and the client
+// move to it, it restores the replica count, places the new slabs, and `farmem status`
+// through either address is answered by it. DEBUG DIGEST is unchanged throughout.
+func TestClusterCtrlFailover(t *testing.T) {
+	need(t, "redis-server")
+	c := newNetCluster(t, 3, netOpts{ctrls: 2, etcdMembers: 3})
+	_, leader, err := c.statusFrom(c.ctrl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", c.ctrl, "--token-file", c.token, "--ca", c.ca, "--replicas", "2",
+		"--local-mem", "16MiB", "--", "redis-server", "--port", strconv.Itoa(port), "--save", "",
+		"--appendonly", "no", "--enable-debug-command", "yes", "--bind", "127.0.0.1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	r := dialRedis(t, port)
+	r.must(t, "DEBUG", "POPULATE", "40000", "key", "400")
+	d0 := r.must(t, "DEBUG", "DIGEST")
+	readAll := func(n int) {
+		for i := 0; i < n; i += 1000 {
+			args := []string{"MGET"}
+			for k := i; k < i+1000; k++ {
+				args = append(args, fmt.Sprintf("key:%d", k))
+			}
+			r.must(t, args...)
+		}
+	}
+
+	i := slices.Index(c.addrs, leader)
+	if i < 0 {
+		t.Fatalf("status answered by %s, not one of the ctrls %v", leader, c.addrs)
+	}
+	c.ctrls[i].Process.Signal(syscall.SIGKILL)
+	survivor := c.addrs[1-i]
+	readAll(40000) // the data path does not wait for the ctrl
+	d1 := r.must(t, "DEBUG", "DIGEST")
+	c.waitStatus("the other ctrl leading, every server and the session on it", func(st ctrl.Status) bool {
+		healthy := 0
+		for _, s := range st.Servers {
+			if s.Healthy && s.MsSinceHeartbeat < 1000 {
+				healthy++
+			}
+		}
+		return healthy == 3 && len(st.Sessions) == 1 && st.Sessions[0].MsSinceHeartbeat < 2000
+	})
+	if _, by, err := c.statusFrom(leader + "," + survivor); err != nil || by != survivor {
+		t.Fatalf("status through the dead leader's address first: answered by %s, %v; want %s", by, err, survivor)
+	}
+
+	c.etcd.Members[0].Kill() // two of three still make a quorum
+	c.servers[0].kill()
+	readAll(40000)
+	c.waitRestored(c.servers[0])
+	r.must(t, "DEBUG", "POPULATE", "60000", "key", "400") // new slabs, placed by the survivor
+	readAll(60000)
+	for i := 40000; i < 60000; i += 1000 {
+		args := []string{"DEL"}
+		for k := i; k < i+1000; k++ {
+			args = append(args, fmt.Sprintf("key:%d", k))
+		}
+		r.must(t, args...)
+	}
+	d2 := r.must(t, "DEBUG", "DIGEST")
+	st, by, err := c.statusFrom(survivor)
+	if err != nil || by != survivor || st.Totals.HealthyServers != 2 || st.Totals.Degraded+st.Totals.Lost+st.Totals.Rebuilding != 0 {
+		t.Errorf("status from the surviving ctrl: %+v, answered by %s, %v", st.Totals, by, err)
+	}
+	r.send("SHUTDOWN", "NOSAVE")
+	err = cmd.Wait()
+	t.Logf("digests %s %s %s; farmem: %s", d0, d1, d2, out.String())
+	if err != nil {
+		t.Fatalf("farmem run ended with %v", err)
+	}
+	if strings.Trim(d0, "0") == "" || d0 != d1 || d1 != d2 {
+		t.Fatalf("DEBUG DIGEST changed: before %s, after the leading ctrl was killed %s, after an etcd member and a memory server too %s", d0, d1, d2)
+	}
 }

@@ -59,10 +59,10 @@ func TestHelp(t *testing.T) {
 func TestHelpRequired(t *testing.T) {
 	flagLine := regexp.MustCompile(`^ +(--[a-z-]+)`)
 	for cmd, want := range map[string]map[string]string{
-		"run":       {"--local-mem": "; required.", "--token-file": "; required with --ctrl"},
+		"run":       {"--local-mem": "; required.", "--token-file": "; required with --ctrl", "--ca": "; required unless the ctrl is on a loopback address"},
 		"ctrl":      {"--token-file": "; required"},
-		"status":    {"--token-file": "; required"},
-		"memserver": {"--capacity": "; required.", "--ctrl": "; required", "--token-file": "; required"},
+		"status":    {"--token-file": "; required", "--ca": "; required unless the ctrl is on a loopback address"},
+		"memserver": {"--capacity": "; required.", "--ctrl": "; required", "--token-file": "; required", "--ca": "; required unless the ctrl is on a loopback address"},
 		"sim":       {"--trace": "; required"},
 	} {
 		out, code := runApp(cmd, "--help")

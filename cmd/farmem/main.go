@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/x509"
 	"debug/elf"
 	"encoding/json"
 	"errors"
@@ -120,7 +121,7 @@ func newApp() *cli.App {
 			}
 			return cli.ShowAppHelp(c)
 		},
-		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), simCommand(),
+		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), certCommand(), simCommand(),
 			doctorCommand(), versionCommand(), helpCommand()},
 	}
 	// No command has subcommands, so none needs urfave/cli's help subcommand; with it,
@@ -149,12 +150,13 @@ func runCommand() *cli.Command {
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory, at least 16MiB; required. SIZE: 512m or\n\t512MiB (k, m, g, t and KiB, MiB... are 1024-based, as docker and systemd read them), 800MB (KB,\n\tMB... are 1000-based), a byte count, or 25% (of the machine's memory: MemTotal). kb, mb... are\n\trefused as ambiguous (docker reads 512mb as 512MiB, SI as 512MB)"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too, at a cost: at a 25% cap redis ran 0.91-1.04x as fast with lz4 and\n\t0.74-0.76x with zstd as with none (results/redis.md, measured before the pinning: stale)"},
-			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl: keep evicted pages on its memory servers instead of in this\n\tprocess (needs --token-file)"},
+			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl, or a comma-separated list of the ctrls: keep evicted pages\n\ton its memory servers instead of in this process (needs --token-file)"},
 			&cli.StringFlag{Name: "transport", Value: "tcp", Usage: "with --ctrl: how to reach memory servers: tcp; shm (a memory server on this host started\n\twith --shm DIR is reached through shared memory: no request per page; others by tcp); rdma"},
 			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},
 			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION (e.g. 50us) before sleeping"),
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
 			ctrlTokenFlag("with --ctrl"),
+			caFlag(),
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the whole summary to FILE as one JSON object, in raw numbers (bytes, pages,\n\tnanoseconds, histograms' buckets; its fields are in the README), --quiet or not"},
@@ -288,11 +290,11 @@ func failedRunStatus(status int, err error) int {
 // checkRemoteFlags checks the flags that go with --ctrl, and that none is given without it.
 func checkRemoteFlags(c *cli.Context) error {
 	if !c.IsSet("ctrl") {
-		if c.IsSet("replicas") || c.IsSet("token-file") || c.IsSet("transport") || c.IsSet("shm") || c.IsSet("spin") {
+		if c.IsSet("replicas") || c.IsSet("token-file") || c.IsSet("ca") || c.IsSet("transport") || c.IsSet("shm") || c.IsSet("spin") {
 			if _, err := transportDial(c, nil); err != nil {
 				return err
 			}
-			return usagef("--replicas, --token-file, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
+			return usagef("--replicas, --token-file, --ca, --transport, --shm and --spin apply to memory servers: give --ctrl HOST:PORT too")
 		}
 		return nil
 	}
@@ -301,6 +303,11 @@ func checkRemoteFlags(c *cli.Context) error {
 	}
 	if c.IsSet("compress") {
 		return usagef("--compress applies to the embedded store; memory servers keep pages as they are")
+	}
+	if c.String("ca") == "" {
+		if err := ctrl.CheckPlaintext(c.String("ctrl")); err != nil {
+			return usageError{err.Error()}
+		}
 	}
 	if r := c.Int("replicas"); r < 1 || r > ctrl.MaxReplicas {
 		return usagef("--replicas %d: give 1 to %d", r, ctrl.MaxReplicas)
@@ -325,8 +332,14 @@ func openRemote(c *cli.Context, argv []string) (backend.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	var ca *x509.CertPool
+	if c.String("ca") != "" {
+		if ca, err = ctrl.LoadCA(c.String("ca")); err != nil {
+			return nil, err
+		}
+	}
 	host, _ := os.Hostname()
-	return remote.Open(remote.Config{Ctrl: c.String("ctrl"), Token: tok, Replicas: c.Int("replicas"), Dial: dial,
+	return remote.Open(remote.Config{Ctrl: c.String("ctrl"), Token: tok, CA: ca, Replicas: c.Int("replicas"), Dial: dial,
 		Name: fmt.Sprintf("%s pid %d %s", host, os.Getpid(), filepath.Base(argv[0])), Logf: logf})
 }
 

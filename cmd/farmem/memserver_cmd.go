@@ -37,10 +37,11 @@ func memserverCommand() *cli.Command {
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7070", Usage: "HOST:PORT clients connect to"},
 			&cli.StringFlag{Name: "advertise", Usage: "HOST:PORT clients should dial, if not --listen (say --listen 0.0.0.0:7070 --advertise 10.0.0.7:7070)"},
 			&cli.StringFlag{Name: "capacity", Usage: "memory to donate, at least 1MiB; required. SIZE as for farmem run --local-mem: 32g or\n\t32GiB (1024-based), 32GB (1000-based), a byte count, or 50% (of this machine's memory: MemTotal)"},
-			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl; required"},
+			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl, or a comma-separated list of the ctrls (it moves to\n\tanother when its ctrl stops answering); required"},
 			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
 			spinFlag("after answering a request, poll for the connection's next one up to DURATION (e.g. 50us) before sleeping"),
 			ctrlTokenFlag(""),
+			caFlag(),
 		}, otlpFlags("a span of each traced request (see above)")...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
@@ -65,6 +66,10 @@ func memserverCommand() *cli.Command {
 				return err
 			}
 			tok, err := ctrlLoadToken(c)
+			if err != nil {
+				return err
+			}
+			ctrlc, err := ctrlClient(c)
 			if err != nil {
 				return err
 			}
@@ -123,7 +128,7 @@ func memserverCommand() *cli.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.String("ctrl"), tok), advertise, srv, logf); err != nil {
+			if err := ctrl.ServeHeartbeats(ctx, ctrlc, advertise, srv, logf); err != nil {
 				return cli.Exit(fmt.Sprintf("memserver: %v", err), 1)
 			}
 			return nil

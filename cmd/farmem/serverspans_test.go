@@ -136,7 +136,7 @@ func startTracedCluster(t *testing.T, sinkAddr string) (addr, tok, mem string, s
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, _ := ctrl.NewClient(addr, tk).Status(ctx)
+		st, _ := ctrl.NewClient(addr, tk, nil).Status(ctx)
 		cancel()
 		if len(st.Servers) == 1 && st.Servers[0].Healthy {
 			break

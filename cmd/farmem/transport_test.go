@@ -71,7 +71,7 @@ func TestMemserverSHMTransport(t *testing.T) {
 	status := func() ctrl.Status {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		st, _ := ctrl.NewClient(addr, tk).Status(ctx)
+		st, _ := ctrl.NewClient(addr, tk, nil).Status(ctx)
 		return st
 	}
 	waitFor := func(what string, ok func(ctrl.Status) bool) {
