@@ -228,8 +228,12 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		f.host.Fail(fmt.Errorf("page %#x is absent from the program though farmem records it resident: its content may be lost", pg))
 		return served, FromZero
 	case pagetable.Staged:
-		// Moved out by the batch in flight: it commits the page (or puts it back) shortly
-		// and wakes this thread, which then finds it Evicted (or present).
+		// A victim of the batch in flight. Moved out already, it is served from its copy in
+		// the staging area at once rather than after the batch commits; not moved yet (or
+		// not to be), it waits for the batch, which wakes this thread.
+		if o, ok := f.fromStagedVictim(pg, e, buf); ok {
+			return o, FromBackend
+		}
 		return retryBusy, FromBackend
 	}
 	if e.Stage != 0 {
@@ -435,6 +439,48 @@ func (f *Fetcher) wpFault(pg uint64) outcome {
 // after committing every staged page); it is checked all the same, because the child's copy of
 // the area is not registered (its uffd has no EVENT_FORK): an absent page there would read as
 // zeros, and a program must never be served zeros for a page we cannot fetch.
+// fromStagedVictim serves a fault on pg, a victim of the batch in flight (e Staged, the table
+// locked), from its staging page if the agent has moved it there; ok is false if it has not.
+//
+// A fault on a Staged page is what a program that keeps using its pages meets most: the batch
+// chose pages that were hot again (a collector marking its heap), and the fault would wait out
+// the whole batch. A missing fault on a page chosen present means the move took it: the move
+// clears the program's entry and fills the staging one under both page-table locks, so the copy
+// is whole by the time the fault is read. The staging area is dropped only after the batch's
+// commit, which needs the lock held here; the page is read before it is released.
+//
+// The page goes back written, without a slot: what the batch stores of it is freed by its
+// commit, which takes only pages still Staged (and moveOut, before that, passes over pages no
+// longer Staged).
+func (f *Fetcher) fromStagedVictim(pg uint64, e *pagetable.Entry, buf []byte) (outcome, bool) {
+	start, end := f.table.Staging()
+	src := start + uint64(e.Stage-1)*ps
+	if e.Stage == 0 || src >= end {
+		return served, false
+	}
+	// A staging page the move has not filled must not be read: the read would wait on the
+	// staging area's uffd, which nobody serves.
+	if present, err := f.present(src); err != nil || !present {
+		return served, false
+	}
+	local := []unix.Iovec{{Base: &buf[0]}}
+	local[0].SetLen(ps)
+	got, err := unix.ProcessVMReadv(f.host.Pid(), local, []unix.RemoteIovec{{Base: uintptr(src), Len: ps}}, 0)
+	if err == unix.ESRCH {
+		return served, true
+	}
+	if err != nil || got != ps {
+		f.host.Fail(fmt.Errorf("page %#x: reading its copy in the staging area: %d bytes, %v", pg, got, err))
+		return served, true
+	}
+	n, err := f.installUnlocked(e, pg, unsafe.Pointer(&buf[0]), 0)
+	f.clock.installed(IoctlCopy)
+	if n == ps {
+		f.stats.FromStaging.Add(1)
+	}
+	return f.installed(pg, n, err, pagetable.Written, 0, FromBackend), true
+}
+
 func (f *Fetcher) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome {
 	start, _ := f.table.Staging()
 	src := start + uint64(e.Stage-1)*ps
