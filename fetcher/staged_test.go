@@ -47,11 +47,27 @@ func mapRegistered(t *testing.T, n int) (mem []byte, addr uint64, fd int) {
 	return mem, addr, fd
 }
 
-// readByte reads b[0] on a goroutine of its own (a missing page blocks it in the kernel until
-// the fetcher serves it).
+// readByte reads b[0] on a goroutine of its own, through a pipe: the kernel's read of it, inside
+// write(2), takes the fault and waits there until the fetcher serves it. A Go load would wait in
+// user code, where the runtime could not stop that goroutine for a garbage collection, and the
+// fetcher's goroutine, this process's too, would then wait for the collection: a deadlock that
+// farmem itself never meets, serving other processes.
 func readByte(b []byte) <-chan byte {
 	c := make(chan byte, 1)
-	go func() { c <- b[0] }()
+	go func() {
+		var p [2]int
+		if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+			panic(err)
+		}
+		defer unix.Close(p[0])
+		defer unix.Close(p[1])
+		if _, err := unix.Write(p[1], b[:1]); err != nil {
+			panic(err)
+		}
+		var out [1]byte
+		unix.Read(p[0], out[:])
+		c <- out[0]
+	}()
 	return c
 }
 
