@@ -228,8 +228,12 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		f.host.Fail(fmt.Errorf("page %#x is absent from the program though farmem records it resident: its content may be lost", pg))
 		return served, FromZero
 	case pagetable.Staged:
-		// Moved out by the batch in flight: it commits the page (or puts it back) shortly
-		// and wakes this thread, which then finds it Evicted (or present).
+		// A victim of the batch in flight. Moved out already, it is served from its copy in
+		// the staging area at once rather than after the batch commits; not moved yet (or
+		// not to be), it waits for the batch, which wakes this thread.
+		if o, ok := f.fromStagedVictim(pg, e, buf); ok {
+			return o, FromBackend
+		}
 		return retryBusy, FromBackend
 	}
 	if e.Stage != 0 {
@@ -429,6 +433,38 @@ func (f *Fetcher) wpFault(pg uint64) outcome {
 	return f.unprotect(pg)
 }
 
+// fromStagedVictim serves a fault on pg, a victim of the batch in flight (e Staged, the table
+// locked), from its staging page if the agent has moved it there; ok is false if it has not.
+//
+// A fault on a Staged page is what a program that keeps using its pages meets most: the batch
+// chose pages that were hot again (a collector marking its heap), and the fault would wait out
+// the whole batch. A missing fault on a page chosen present means the move took it: the move
+// clears the program's entry and fills the staging one under both page-table locks, so the copy
+// is whole by the time the fault is read. The staging area is dropped only after the batch's
+// commit, which needs the lock held here; the page is read before it is released.
+//
+// The page goes back written, without a slot: what the batch stores of it is freed by its
+// commit, which takes only pages still Staged (and moveOut, before that, passes over pages no
+// longer Staged).
+func (f *Fetcher) fromStagedVictim(pg uint64, e *pagetable.Entry, buf []byte) (outcome, bool) {
+	present, err := f.readStagingCopy(pg, e, buf)
+	switch {
+	case errors.Is(err, errNoPid) || (err == nil && !present):
+		return served, false
+	case errors.Is(err, unix.ESRCH):
+		return served, true
+	case err != nil:
+		f.host.Fail(err)
+		return served, true
+	}
+	n, err := f.installUnlocked(e, pg, unsafe.Pointer(&buf[0]), 0)
+	f.clock.installed(IoctlCopy)
+	if n == ps {
+		f.stats.FromStaging.Add(1)
+	}
+	return f.installed(pg, n, err, pagetable.Written, 0, FromBackend), true
+}
+
 // fromStaging serves a fork child's page that its parent had moved out, and not yet stored,
 // when it forked (pagetable's Stage): its content is the child's copy of the staging page.
 // That copy is present whenever the page is absent (the parent drops its staging area only
@@ -436,24 +472,17 @@ func (f *Fetcher) wpFault(pg uint64) outcome {
 // the area is not registered (its uffd has no EVENT_FORK): an absent page there would read as
 // zeros, and a program must never be served zeros for a page we cannot fetch.
 func (f *Fetcher) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome {
-	start, _ := f.table.Staging()
-	src := start + uint64(e.Stage-1)*ps
-	present, err := f.present(src)
-	if err != nil {
-		return retryBusy // no pid yet (fork child before its hello)
-	}
-	if !present {
-		f.host.Fail(fmt.Errorf("page %#x: its copy in the staging area (%#x) is gone", pg, src))
+	present, err := f.readStagingCopy(pg, e, buf)
+	switch {
+	case errors.Is(err, errNoPid):
+		return retryBusy // a fork child before its hello
+	case errors.Is(err, unix.ESRCH):
 		return served
-	}
-	local := []unix.Iovec{{Base: &buf[0]}}
-	local[0].SetLen(ps)
-	got, err := unix.ProcessVMReadv(f.host.Pid(), local, []unix.RemoteIovec{{Base: uintptr(src), Len: ps}}, 0)
-	if err == unix.ESRCH {
+	case err != nil:
+		f.host.Fail(err)
 		return served
-	}
-	if err != nil || got != ps {
-		f.host.Fail(fmt.Errorf("page %#x: reading its copy in the staging area: %d bytes, %v", pg, got, err))
+	case !present:
+		f.host.Fail(fmt.Errorf("page %#x: its copy in the staging area is gone", pg))
 		return served
 	}
 	n, err := uffd.Copy(f.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
@@ -462,6 +491,33 @@ func (f *Fetcher) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome
 		f.stats.FromStaging.Add(1)
 	}
 	return f.installed(pg, n, err, pagetable.Written, 0, FromBackend)
+}
+
+// readStagingCopy reads page pg's copy in the staging area (its entry e's Stage) into buf, if
+// the page is there: present false, and nothing read, if not. It looks before it reads: in the
+// process that made the area, an absent staging page is registered on the agent's uffd, which
+// nobody serves, and the read would wait for ever; in a fork child's copy it would read zeros.
+func (f *Fetcher) readStagingCopy(pg uint64, e *pagetable.Entry, buf []byte) (present bool, err error) {
+	start, end := f.table.Staging()
+	src := start + uint64(e.Stage-1)*ps
+	if e.Stage == 0 || src >= end {
+		return false, nil
+	}
+	if present, err = f.present(src); err != nil || !present {
+		return present, err
+	}
+	f.clock.mark(&f.clock.lookup)
+	local := []unix.Iovec{{Base: &buf[0]}}
+	local[0].SetLen(ps)
+	got, err := unix.ProcessVMReadv(f.host.Pid(), local, []unix.RemoteIovec{{Base: uintptr(src), Len: ps}}, 0)
+	if err == unix.ESRCH {
+		return true, err
+	}
+	if err != nil || got != ps {
+		return true, fmt.Errorf("page %#x: reading its copy in the staging area (%#x): %d bytes, %v", pg, src, got, err)
+	}
+	f.clock.mark(&f.clock.fetch) // the read of its copy is this fault's fetch
+	return true, nil
 }
 
 func (f *Fetcher) unprotect(pg uint64) outcome {

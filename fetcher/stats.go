@@ -43,8 +43,10 @@ type Stats struct {
 	// under room if it ever waited for room, else busy, else event.
 	Held    [NumHeld]latency.Histogram
 	Removes atomic.Int64 // REMOVE events (the program's and our own DONTNEEDs)
-	// FromStaging is the pages fork children read from their copy of the parent's staging
-	// area: the parent had moved them out, and not yet stored them, when it forked.
+	// FromStaging is the pages served from a staging area: victims of a batch in flight that
+	// the program touched again once moved, and pages fork children read from their copy of
+	// the parent's staging area (the parent had moved them out, and not yet stored them, when
+	// it forked).
 	FromStaging atomic.Int64
 	// Prefetching: pages queued for the workers, installed by them, and used by the program
 	// (map mode: inferred from where the next miss landed; cache mode: faults that hit).

@@ -43,7 +43,8 @@ type Summary struct {
 	// (a fault may fill a window of pages).
 	ZeroFills     int64 `json:"zero_fills"`
 	ZeroFillPages int64 `json:"zero_fill_pages"`
-	// FromStaging: pages fork children read from a staging area of their parent's.
+	// FromStaging: pages served from a staging area: victims of a batch in flight touched
+	// again once moved, and pages fork children read from a staging area of their parent's.
 	FromStaging int64     `json:"from_staging"`
 	Removes     int64     `json:"removes"` // REMOVE events read (the program's discards and our drops)
 	Prefetch    *Prefetch `json:"prefetch,omitempty"`

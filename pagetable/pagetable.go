@@ -30,6 +30,8 @@
 //	          or by the fault thread (a demand fault, which reads with the table unlocked):
 //	          it is not chosen for a prefetch, and a fault on it waits for that read instead
 //	          of reading it again. The reader clears it when done; any install resets it.
+//	          The fault thread also sets it on an Evicted or Staged page while it installs
+//	          the page with the table unlocked (fetcher's installUnlocked).
 //	          Stage != 0 (fork children only): the parent forked while this page was Staged.
 //	          If it is absent here, it had moved: its content is this process's copy of the
 //	          staging page, which fork copied with the rest (the parent's batch had not
@@ -74,7 +76,8 @@ type Entry struct {
 	Zapping  bool
 	// WasWritten: Evicted pages only; see the package doc. A prediction, never a correctness bit.
 	WasWritten bool
-	// Fetching: Evicted pages only; see the package doc. Never a correctness bit either:
+	// Fetching: Evicted pages (and Staged ones while the fault thread installs them); see the
+	// package doc. Never a correctness bit either:
 	// whoever reads the page re-checks it under the lock before installing it.
 	Fetching bool
 	Seq      uint32 // bumped on each install; victim-queue items with an older Seq are stale
