@@ -110,6 +110,21 @@ func (t *Tracee) waitTrap(resume func() error) error {
 	}
 }
 
+// Poll returns the tracee's end (an *ExitedError) if it has exited or been killed while held
+// stopped (a thread of its own, which farmem does not trace, may end it), else nil.
+func (t *Tracee) Poll() error {
+	if err := t.check(); err != nil {
+		return err
+	}
+	var ws unix.WaitStatus
+	pid, err := unix.Wait4(t.pid, &ws, unix.WALL|unix.WNOHANG, nil)
+	if err == nil && pid == t.pid && (ws.Exited() || ws.Signaled()) {
+		t.ended = &ExitedError{Pid: t.pid, Status: ws}
+		return t.ended
+	}
+	return nil
+}
+
 // Regs returns the stopped thread's registers.
 func (t *Tracee) Regs() (unix.PtraceRegs, error) {
 	var r unix.PtraceRegs

@@ -35,22 +35,22 @@ import (
 // inherits its parent's filter, and the kernel allows one listener per chain of filters (EBUSY):
 // it is served on the listener of the process that installed it, which finds it by its threads
 // (answering CONTINUE until it said hello).
-func (rt *Runtime) filterMappings(p *Process) {
+func (rt *Runtime) filterMappings(p *Process) error {
 	p.agentMu.Lock()
 	a := p.agent
 	p.agentMu.Unlock()
 	if a == nil || !p.filtered.CompareAndSwap(false, true) {
-		return
+		return nil
 	}
-	fd, err := a.Filter(rt.cfg.MinRegister)
+	fd, err := a.Filter(rt.cfg.MinRegister, p.refuseForks.Load())
 	if errors.Is(err, unix.EBUSY) {
-		return // a filter inherited from a parent has a listener already: ours, serving it
+		return nil // a filter inherited from a parent has a listener already: ours, serving it
 	}
 	if err != nil {
-		if rt.filterFailed.CompareAndSwap(false, true) {
+		if !p.refuseForks.Load() && rt.filterFailed.CompareAndSwap(false, true) {
 			fmt.Fprintf(os.Stderr, "farmem: cannot install the mapping filter (%v): glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", err)
 		}
-		return
+		return err
 	}
 	rt.finished.Add(1)
 	go func() {
@@ -58,6 +58,31 @@ func (rt *Runtime) filterMappings(p *Process) {
 		defer unix.Close(fd)
 		rt.serveNotifications(fd)
 	}()
+	return nil
+}
+
+// RefuseForks makes every fork of the process fail (ENOSYS) from the moment its filter is
+// installed, and installs it now, armed or not (FilterNow). It is for a process nothing could
+// serve a fork child of: a statically linked program, which has no shim to say the child's
+// hello, so that the child would be served on the FORK event's uffd, whose only copy farmem
+// holds: farmem's death, or the retirement of a child that never said hello, would then leave
+// it reading zeros where its evicted pages were. Threads and vfork (one mm) are not forks.
+func (p *Process) RefuseForks() error {
+	p.refuseForks.Store(true)
+	return p.rt.filterMappings(p)
+}
+
+// serveFork answers a fork the filter handed over: refused (ENOSYS) if the process refuses
+// forks, else let through.
+func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
+	resp := seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue}
+	if p := rt.lookupThread(int(n.Pid)); p != nil && p.refuseForks.Load() {
+		resp = seccomp.Resp{ID: n.ID, Error: -int32(unix.ENOSYS)}
+		if p.forkSaid.CompareAndSwap(false, true) {
+			fmt.Fprintf(os.Stderr, "farmem: process %d tried to fork: farmem cannot serve a fork child of a statically linked program yet, so its forks fail (ENOSYS)\n", p.Pid())
+		}
+	}
+	seccomp.Respond(fd, &resp)
 }
 
 func (rt *Runtime) serveNotifications(fd int) {
@@ -81,6 +106,10 @@ func (rt *Runtime) serveNotifications(fd int) {
 		var call seccomp.Notif
 		if err := seccomp.Receive(fd, &call); err != nil {
 			continue // ENOENT: the caller was interrupted meanwhile
+		}
+		if call.Data.Nr == unix.SYS_FORK || call.Data.Nr == unix.SYS_CLONE {
+			rt.serveFork(fd, call)
+			continue
 		}
 		// Each on its own: an agent round trip must not hold up other processes' calls, and a
 		// fork child's agent is itself filtered (its calls are answered CONTINUE below).

@@ -24,8 +24,9 @@ type Agent interface {
 	// Staging has the agent map a staging area of bytes and returns its address.
 	Staging(bytes uint64) (uint64, error)
 	// Filter has the agent install the mapping filter on every thread of its process and
-	// returns the filter's seccomp listener (mapfilter.go).
-	Filter(minBytes uint64) (listener int, err error)
+	// returns the filter's seccomp listener (mapfilter.go); with guardForks the filter also
+	// hands over the process's forks.
+	Filter(minBytes uint64, guardForks bool) (listener int, err error)
 	// Syscall has the agent make a system call in its process; the raw result is -errno on
 	// failure.
 	Syscall(nr uint64, args [6]uint64) (int64, error)
@@ -46,6 +47,10 @@ type Process struct {
 	agentMu  sync.Mutex
 	agent    Agent       // protected by agentMu
 	filtered atomic.Bool // the agent was asked to install the mapping filter (mapfilter.go)
+	// refuseForks: the process's forks fail (mapfilter.go, serveFork): nothing in it could
+	// serve a fork child (a static program has no shim to say the child's hello).
+	refuseForks atomic.Bool
+	forkSaid    atomic.Bool // its refused fork was reported
 	// staging is the staging area the evictor moves victims into (evictor.Target.Staging): 0
 	// until the first batch makes it, noStaging once it is known there can be none. Both
 	// belong to the evictor goroutine.
