@@ -66,7 +66,7 @@ func (s *staticAgents) attached(p *runtime.Process) {
 	delete(s.waiting, p.Pid())
 	s.mu.Unlock()
 	if c != nil {
-		c <- p.RefuseForks()
+		c <- p.InstallFilter()
 	}
 }
 
@@ -126,9 +126,11 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 		unix.Close(fd)
 		return -1, err
 	}
-	if _, err := rt.Attach(pid, fd); err != nil {
+	p, err := rt.Attach(pid, fd)
+	if err != nil {
 		return lifeline, err
 	}
+	p.RefuseForks() // before its agent's hello, which installs the filter in an armed run
 	regs, err := tr.Regs()
 	if err != nil {
 		return lifeline, err

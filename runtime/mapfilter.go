@@ -35,22 +35,28 @@ import (
 // inherits its parent's filter, and the kernel allows one listener per chain of filters (EBUSY):
 // it is served on the listener of the process that installed it, which finds it by its threads
 // (answering CONTINUE until it said hello).
-func (rt *Runtime) filterMappings(p *Process) error {
+func (rt *Runtime) filterMappings(p *Process) {
 	p.agentMu.Lock()
 	a := p.agent
 	p.agentMu.Unlock()
 	if a == nil || !p.filtered.CompareAndSwap(false, true) {
-		return nil
+		return
 	}
 	fd, err := a.Filter(rt.cfg.MinRegister, p.refuseForks.Load())
 	if errors.Is(err, unix.EBUSY) {
-		return nil // a filter inherited from a parent has a listener already: ours, serving it
+		err = nil // a filter inherited from a parent has a listener already: ours, serving it
+		fd = -1
 	}
+	p.filterErr = err
+	close(p.filterDone)
 	if err != nil {
 		if !p.refuseForks.Load() && rt.filterFailed.CompareAndSwap(false, true) {
 			fmt.Fprintf(os.Stderr, "farmem: cannot install the mapping filter (%v): glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", err)
 		}
-		return err
+		return
+	}
+	if fd < 0 {
+		return
 	}
 	rt.finished.Add(1)
 	go func() {
@@ -58,18 +64,26 @@ func (rt *Runtime) filterMappings(p *Process) error {
 		defer unix.Close(fd)
 		rt.serveNotifications(fd)
 	}()
-	return nil
 }
 
-// RefuseForks makes every fork of the process fail (ENOSYS) from the moment its filter is
-// installed, and installs it now, armed or not (FilterNow). It is for a process nothing could
-// serve a fork child of: a statically linked program, which has no shim to say the child's
-// hello, so that the child would be served on the FORK event's uffd, whose only copy farmem
-// holds: farmem's death, or the retirement of a child that never said hello, would then leave
-// it reading zeros where its evicted pages were. Threads and vfork (one mm) are not forks.
-func (p *Process) RefuseForks() error {
-	p.refuseForks.Store(true)
-	return p.rt.filterMappings(p)
+// RefuseForks makes every fork of the process fail (ENOSYS) once its filter is installed
+// (InstallFilter); it must be called before the process's agent says hello. It is for a process
+// nothing could serve a fork child of: a statically linked program, which has no shim to say the
+// child's hello, so that the child would be served on the FORK event's uffd, whose only copy
+// farmem holds: farmem's death, or the retirement of a child that never said hello, would then
+// leave it reading zeros where its evicted pages were. Threads and vfork (one mm) are not forks.
+func (p *Process) RefuseForks() { p.refuseForks.Store(true) }
+
+// InstallFilter has the process's agent install the mapping filter now, armed or not, unless it
+// was (SetAgent installs it in an armed run), and returns how the installation went. Before the
+// run arms the filter lets every call through (serveMapping), at the cost of a notification.
+func (p *Process) InstallFilter() error {
+	p.rt.filterMappings(p)
+	if !p.filtered.Load() {
+		return errors.New("the process has no agent")
+	}
+	<-p.filterDone // the arming may be installing it right now
+	return p.filterErr
 }
 
 // serveFork answers a fork the filter handed over: refused (ENOSYS) if the process refuses

@@ -47,6 +47,10 @@ type Process struct {
 	agentMu  sync.Mutex
 	agent    Agent       // protected by agentMu
 	filtered atomic.Bool // the agent was asked to install the mapping filter (mapfilter.go)
+	// filterDone is closed once the filter's installation was tried; filterErr is its outcome,
+	// written before.
+	filterDone chan struct{}
+	filterErr  error
 	// refuseForks: the process's forks fail (mapfilter.go, serveFork): nothing in it could
 	// serve a fork child (a static program has no shim to say the child's hello).
 	refuseForks atomic.Bool
@@ -73,7 +77,8 @@ type Process struct {
 }
 
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
-	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(), registered: make(map[uint64]uint64)}
+	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(), registered: make(map[uint64]uint64),
+		filterDone: make(chan struct{})}
 	var pred prefetch.Prefetcher
 	if rt.cfg.NewPrefetcher != nil {
 		pred = rt.cfg.NewPrefetcher()

@@ -1,0 +1,70 @@
+/* staticfill.c: the musl C program of the static-binary tests (cmd/farmem/static_test.go),
+ * built with musl-gcc -static. Like staticfill/main.go it fills MIB mebibytes with a
+ * pseudo-random stream (half in 1 MiB blocks, which musl's malloc maps with mmap, half in 2 KiB
+ * ones, which it takes from brk), each page starting with its own number; rewrites ROUNDS pages
+ * at random, checking the number first; and prints a digest that depends only on its arguments.
+ * A page whose number is wrong (zeros where farmem lost a page) is reported, exit status 99.
+ *
+ *	staticfill MIB ROUNDS [fork|crash]
+ * fork: also tries fork() and posix_spawn of /bin/true, and says how each went; crash: dies of
+ * SIGSEGV after the rounds instead of printing. */
+#include <errno.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { PAGE = 4096, BIG = 1 << 20, SMALL = 2048 };
+static uint64_t rng = 88172645463325252ULL;
+static uint64_t next(void) { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng; }
+
+extern char **environ;
+
+int main(int argc, char **argv)
+{
+	if (argc < 3) { fprintf(stderr, "usage: staticfill MIB ROUNDS [fork|crash]\n"); return 2; }
+	long mib = atol(argv[1]), rounds = atol(argv[2]);
+	const char *mode = argc > 3 ? argv[3] : "";
+	if (strcmp(mode, "fork") == 0) {
+		pid_t p = fork();
+		if (p == 0) _exit(0);
+		if (p < 0) printf("fork: %s\n", strerror(errno));
+		else { waitpid(p, 0, 0); printf("fork: ok\n"); }
+		char *args[] = { "/bin/true", 0 };
+		int st, e = posix_spawn(&p, "/bin/true", 0, 0, args, environ);
+		if (e) printf("posix_spawn: %s\n", strerror(e));
+		else { waitpid(p, &st, 0); printf("posix_spawn: exit %d\n", WEXITSTATUS(st)); }
+		fflush(stdout);
+	}
+	/* Pages, in order: the big blocks' then the small ones' (two pages to three blocks). */
+	long bigs = mib / 2, npages = mib * (BIG / PAGE);
+	long smalls = (npages - bigs * (BIG / PAGE)) * PAGE / SMALL;
+	unsigned char **blk = malloc(sizeof *blk * (bigs + smalls));
+	if (!blk) return 3;
+	for (long i = 0; i < bigs; i++) if (!(blk[i] = malloc(BIG))) return 3;
+	for (long i = 0; i < smalls; i++) if (!(blk[bigs + i] = malloc(SMALL))) return 3;
+	/* Page k is the k-th 4 KiB of the sequence of blocks (small blocks two to a page). */
+#define AT(k, off) (k < bigs * (BIG / PAGE) ? blk[(k) / (BIG / PAGE)] + (k) % (BIG / PAGE) * PAGE + (off) \
+					     : blk[bigs + ((k) - bigs * (BIG / PAGE)) * 2 + (off) / SMALL] + (off) % SMALL)
+	for (long k = 0; k < npages; k++) {
+		memcpy(AT(k, 0), &k, 8);
+		for (int off = 8; off < PAGE; off += 8) { uint64_t v = next(); memcpy(AT(k, off), &v, 8); }
+	}
+	for (long r = 0; r < rounds; r++) {
+		long k = next() % npages;
+		long got;
+		memcpy(&got, AT(k, 0), 8);
+		if (got != k) { printf("BAD page %ld holds %ld\n", k, got); fflush(stdout); return 99; }
+		uint64_t seed = next();
+		for (int off = 8; off < PAGE; off++) *AT(k, off) ^= (unsigned char)(seed >> (off % 64));
+	}
+	if (strcmp(mode, "crash") == 0) *(volatile int *)0 = 1;
+	uint64_t h = 1469598103934665603ULL; /* FNV-1a over every page */
+	for (long k = 0; k < npages; k++)
+		for (int off = 0; off < PAGE; off++) h = (h ^ *AT(k, off)) * 1099511628211ULL;
+	printf("staticfill %ld MiB %ld rounds: %016llx\n", mib, rounds, (unsigned long long)h);
+	return 0;
+}
