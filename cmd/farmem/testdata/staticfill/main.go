@@ -1,12 +1,15 @@
 // staticfill is the static Go program of the static-binary tests (cmd/farmem/static_test.go):
-// it fills MiB mebibytes with a pseudo-random stream, rewrites pages at random, and prints a
-// SHA-256 digest of the whole, which depends only on its arguments.
+// it fills MIB mebibytes with a pseudo-random stream, each page starting with its own number,
+// rewrites ROUNDS pages at random, checking the number first, and prints a SHA-256 digest of the
+// whole, which depends only on its arguments. A page whose number is wrong (zeros where farmem
+// lost a page) is reported, exit status 99.
 //
 //	staticfill MIB ROUNDS
 package main
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -36,6 +39,9 @@ func main() {
 				c[j+k] = byte(v >> (8 * k))
 			}
 		}
+		for j := 0; j < len(c); j += page {
+			binary.LittleEndian.PutUint64(c[j:], uint64(i*(1<<20/page)+j/page))
+		}
 		chunks[i] = c
 	}
 	pages := mib << 20 / page
@@ -44,8 +50,12 @@ func main() {
 		c := chunks[p/(1<<20/page)]
 		off := p % (1 << 20 / page) * page
 		// Read the page and write it back changed: the old contents must have come back right.
+		if got := binary.LittleEndian.Uint64(c[off:]); got != uint64(p) {
+			fmt.Printf("BAD page %d holds %d\n", p, got)
+			os.Exit(99)
+		}
 		seed := rng.Uint64()
-		for k := 0; k < page; k += 8 {
+		for k := 8; k < page; k += 8 {
 			c[off+k] ^= byte(seed >> (k % 64))
 		}
 	}

@@ -1,0 +1,225 @@
+package main
+
+// End-to-end tests of `farmem run` on statically linked programs, which farmem enters by
+// injecting its agent (launcher/static.go) instead of preloading the shim: a Go program built
+// without cgo and a C program built with musl, both built here from testdata.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// staticGo builds testdata/staticfill with CGO_ENABLED=0 and returns its path.
+func staticGo(t *testing.T) string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(goruntime.GOROOT(), "bin", "go")
+	}
+	out := filepath.Join(t.TempDir(), "staticfill-go")
+	cmd := exec.Command(gobin, "build", "-o", out, "./testdata/staticfill")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the static Go program: %v\n%s", err, b)
+	}
+	return out
+}
+
+// staticMusl builds testdata/staticfill.c with musl-gcc -static and returns its path; it skips
+// the test where musl-gcc is missing (scripts/test-deps.sh installs it).
+func staticMusl(t *testing.T) string {
+	t.Helper()
+	cc, err := exec.LookPath("musl-gcc")
+	if err != nil {
+		t.Skip("musl-gcc is not installed (Debian's musl-tools; scripts/test-deps.sh installs it): no musl program to test")
+	}
+	out := filepath.Join(t.TempDir(), "staticfill-musl")
+	if b, err := exec.Command(cc, "-static", "-O2", "-o", out, "testdata/staticfill.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the musl program: %v\n%s", err, b)
+	}
+	return out
+}
+
+// digestLine returns the line a staticfill prints at its end, failing the test without one.
+func digestLine(t *testing.T, out string) string {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "BAD") {
+			t.Fatalf("the program found a page that was not its own: %s", l)
+		}
+		if strings.HasPrefix(l, "staticfill ") {
+			return l
+		}
+	}
+	t.Fatalf("no digest in the program's output:\n%s", out)
+	return ""
+}
+
+// native runs prog with args without farmem and returns its digest line.
+func native(t *testing.T, prog string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(prog, args...).Output()
+	if err != nil {
+		t.Fatalf("%s natively: %v", prog, err)
+	}
+	return digestLine(t, string(out))
+}
+
+// checkStaticRun runs prog (128 MiB, 20,000 rewritten pages) under a 32 MiB cap and checks that
+// it printed the native digest, that pages went out and came back, that the mapping filter
+// handed over its mappings, and that it stayed within the cap.
+func checkStaticRun(t *testing.T, prog string) {
+	const capMiB = 32
+	args := []string{"128", "20000"}
+	want := native(t, prog, args...)
+	out, s, peaks, err := runSampled(t, append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--", prog}, args...)...)
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if got := digestLine(t, out); got != want {
+		t.Fatalf("under farmem the program printed\n%s\nnatively\n%s", got, want)
+	}
+	if s.Evicted.Written == 0 || s.Faults["backend"].Count == 0 {
+		t.Fatalf("the program was never paged: %d pages written out, %d read back", s.Evicted.Written, s.Faults["backend"].Count)
+	}
+	checkSeen(t, s)
+	checkCap(t, s, peaks, capMiB<<20)
+}
+
+func TestStaticGoProgram(t *testing.T) { checkStaticRun(t, staticGo(t)) }
+
+func TestStaticMuslProgram(t *testing.T) { checkStaticRun(t, staticMusl(t)) }
+
+// A static program arming mid-run (its filter was installed at its start, letting everything
+// through until then) is paged as well.
+func TestStaticArmsMidRun(t *testing.T) {
+	prog := staticGo(t)
+	args := []string{"160", "20000"}
+	want := native(t, prog, args...)
+	out, s, peaks, err := runSampled(t, append([]string{"run", "--local-mem", "64MiB", "--", prog}, args...)...)
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if got := digestLine(t, out); got != want {
+		t.Fatalf("under farmem the program printed\n%s\nnatively\n%s", got, want)
+	}
+	if s.ArmedAtBytes == 0 || s.Evicted.Written == 0 {
+		t.Fatalf("the run did not arm mid-run and page (armed at %d bytes, %d pages written)", s.ArmedAtBytes, s.Evicted.Written)
+	}
+	checkCap(t, s, peaks, 64<<20)
+}
+
+// A static program's forks fail (farmem could not serve the child), and farmem says why; its
+// vfork-style spawns (one mm) work, and the program goes on with its data intact.
+func TestStaticForkRefused(t *testing.T) {
+	prog := staticMusl(t)
+	want := native(t, prog, "64", "1000")
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--", prog, "64", "1000", "fork")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("under farmem: %v\n%s", err, stderr.String())
+	}
+	out := stdout.String()
+	if !strings.Contains(strings.ToLower(out), "fork: "+syscall.ENOSYS.Error()) {
+		t.Errorf("the program's fork did not fail with ENOSYS:\n%s", out)
+	}
+	if !strings.Contains(out, "posix_spawn: exit 0") {
+		t.Errorf("the program's posix_spawn (CLONE_VM|CLONE_VFORK) did not work:\n%s", out)
+	}
+	if !strings.Contains(stderr.String(), "tried to fork: farmem cannot serve a fork child of a statically linked program yet") {
+		t.Errorf("farmem did not say why the fork failed:\n%s", stderr.String())
+	}
+	if got := digestLine(t, out); got != want {
+		t.Fatalf("under farmem the program printed\n%s\nnatively\n%s", got, want)
+	}
+}
+
+// A static program's exit status is farmem's, and so is its death by a signal in the middle of
+// paging; a glibc static program is served too.
+func TestStaticExitStatus(t *testing.T) {
+	musl := staticMusl(t)
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(farmemBin(t), append([]string{"run", "--local-mem", "16MiB", "--quiet", "--"}, args...)...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return out.String(), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), 0
+	}
+	if out, code := run(musl, "64", "2000", "crash"); code != 128+int(syscall.SIGSEGV) || strings.Contains(out, "BAD") {
+		t.Errorf("a musl program dying of SIGSEGV while paged: farmem exited %d, want %d:\n%s", code, 128+int(syscall.SIGSEGV), out)
+	}
+	if out, code := run(staticGo(t), "many", "1"); code != 2 || !strings.Contains(out, "MIB and ROUNDS are counts") {
+		t.Errorf("a static Go program exiting 2: farmem exited %d:\n%s", code, out)
+	}
+	dir := t.TempDir()
+	src, glibc := filepath.Join(dir, "exit3.c"), filepath.Join(dir, "exit3")
+	os.WriteFile(src, []byte("int main(void){return 3;}\n"), 0o644)
+	if b, err := exec.Command("gcc", "-static", "-o", glibc, src).CombinedOutput(); err != nil {
+		t.Logf("gcc -static cannot build a static glibc program here (no static libc?): %v\n%s", err, b)
+		return
+	}
+	if out, code := run(glibc); code != 3 {
+		t.Errorf("a static glibc program exiting 3: farmem exited %d:\n%s", code, out)
+	}
+}
+
+// If farmem dies, the static program dies too, at once: it never runs on with zeros where its
+// evicted pages were (it would say BAD: every page it rewrites is checked first).
+func TestStaticRuntimeDeathStopsProgram(t *testing.T) {
+	prog := staticGo(t)
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--quiet", "--", prog, "128", "1000000000")
+	// A file, not a pipe: cmd.Wait would wait for the program too, for ever if it lived on.
+	outFile := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(outFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd.Stdout = f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	for i := 0; i < 200 && child == 0; i++ {
+		time.Sleep(20 * time.Millisecond)
+		if d := descendants(cmd.Process.Pid); len(d) > 0 {
+			child = d[0]
+		}
+	}
+	if child == 0 {
+		cmd.Process.Kill()
+		t.Fatal("the program never started")
+	}
+	time.Sleep(1500 * time.Millisecond) // well into paging
+	cmd.Process.Kill()
+	cmd.Wait()
+	for i := 0; i < 100; i++ {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			if out, _ := os.ReadFile(outFile); strings.Contains(string(out), "BAD") {
+				t.Fatalf("the program read a page that was not its own before it died: %s", out)
+			}
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	syscall.Kill(child, syscall.SIGKILL)
+	t.Fatalf("program %d still running 5 s after farmem was killed", child)
+}
