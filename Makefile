@@ -20,7 +20,7 @@ $(SHIM): launcher/shim/shim.c launcher/shim/agent.h
 $(AGENT): launcher/shim/agent.c launcher/shim/agent.h
 	$(CC) -Os -Wall -Wextra -ffreestanding -fno-builtin -fno-stack-protector -fcf-protection=none \
 		-fno-asynchronous-unwind-tables -fPIC -fvisibility=hidden -nostdlib -static-pie \
-		-Wl,--no-dynamic-linker,-z,noexecstack,--build-id=none,-e,fm_clone_entry -o $@ $<
+		-Wl,--no-dynamic-linker,-z,noexecstack,--build-id=none,-e,fm_start_entry -o $@ $<
 
 workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive bin/floorpager
 # The floor of paging: a minimal C userfaultfd pager and its preload shim (workloads/floor).

@@ -371,5 +371,26 @@ func (t *Tracee) Detach() error {
 	return nil
 }
 
+// Kill kills the tracee (SIGKILL) and waits for its end, unless it has ended or was let go
+// already. A tracee is told of by its tracer first: a parent other than farmem reaps it after.
+func (t *Tracee) Kill() {
+	unix.Kill(t.pid, unix.SIGKILL)
+	if t.ended != nil || t.detached {
+		return
+	}
+	for {
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(t.pid, &ws, unix.WALL, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == nil && !ws.Exited() && !ws.Signaled() {
+			continue // a stop it was in already
+		}
+		t.ended = &ExitedError{Pid: t.pid, Status: ws}
+		return
+	}
+}
+
 // Kept returns the signals that stopped the tracee while it was held (Detach delivers them).
 func (t *Tracee) Kept() []unix.Signal { return t.kept }

@@ -1,15 +1,23 @@
 package inject
 
 import (
+	"bufio"
 	"debug/elf"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/seccomp"
 )
 
 // The tracee is this test binary itself, run again with helperEnv set: a Go program built
@@ -17,11 +25,92 @@ import (
 const helperEnv = "FARMEM_INJECT_HELPER"
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		os.Stdout.WriteString("helper ran\n")
-		os.Exit(7)
+	switch os.Getenv(helperEnv) {
+	case "":
+		os.Exit(m.Run())
+	case "fork", "badclone":
+		forker(os.Getenv(helperEnv))
 	}
-	os.Exit(m.Run())
+	os.Stdout.WriteString("helper ran\n")
+	os.Exit(7)
+}
+
+// forker is the helper of the CatchFork tests: it puts a seccomp filter that holds its fork and
+// clone calls for a supervisor on its thread, prints the filter's listener, and forks (the child
+// exits 42 at once) or makes a clone the kernel refuses (EINVAL), then says how it went.
+func forker(mode string) {
+	runtime.LockOSThread()
+	filter := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0}, // seccomp_data.nr
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 2, K: unix.SYS_FORK},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, K: unix.SYS_CLONE},
+		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW},
+		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_USER_NOTIF},
+	}
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	fd, _, e := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER, uintptr(unsafe.Pointer(&prog)))
+	if e != 0 {
+		fmt.Printf("seccomp: %v\n", e)
+		os.Exit(1)
+	}
+	fmt.Printf("%d\n", fd)
+	if mode == "badclone" {
+		_, _, e := unix.RawSyscall(unix.SYS_CLONE, unix.CLONE_THREAD, 0, 0) // no CLONE_SIGHAND: EINVAL
+		// Blocked in another call for a while: how CatchFork learns that no child came.
+		time.Sleep(300 * time.Millisecond)
+		fmt.Printf("clone: %v\n", e)
+		os.Exit(0)
+	}
+	pid, _, e := unix.RawSyscall(unix.SYS_FORK, 0, 0, 0)
+	if e == 0 && pid == 0 {
+		unix.RawSyscall(unix.SYS_EXIT_GROUP, 42, 0, 0)
+	}
+	var ws unix.WaitStatus
+	unix.Wait4(int(pid), &ws, 0, nil)
+	fmt.Printf("child %d exit %d\n", pid, ws.ExitStatus())
+	os.Exit(0)
+}
+
+// startForker starts the forker in mode and returns it, its output, and its filter's listener.
+func startForker(t *testing.T, mode string) (*exec.Cmd, *bufio.Reader, int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"="+mode)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	r := bufio.NewReader(out)
+	line, err := r.ReadString('\n')
+	theirs, perr := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil || perr != nil {
+		t.Fatalf("the forker said %q (%v)", line, err)
+	}
+	pfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pfd)
+	listener, err := unix.PidfdGetfd(pfd, theirs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(listener) })
+	return cmd, r, listener
+}
+
+// held waits for the forker's held call and returns it and a proceed that lets it go on.
+func held(t *testing.T, listener int) (seccomp.Notif, func() error) {
+	t.Helper()
+	var n seccomp.Notif
+	if err := seccomp.Receive(listener, &n); err != nil {
+		t.Fatal(err)
+	}
+	return n, func() error { return seccomp.Respond(listener, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue}) }
 }
 
 // start starts the helper stopped at its first instruction on the calling goroutine's locked
@@ -246,6 +335,54 @@ func TestTraceeGone(t *testing.T) {
 	}
 	if _, err := tr.Syscall(unix.SYS_GETPID); !errors.As(err, &ex) {
 		t.Fatalf("second Syscall on a killed tracee: %v", err)
+	}
+}
+
+// CatchFork returns the child of a held fork stopped at its birth, in fork's return to the child
+// (rax 0), a child of the forker; let go, it runs on (it exits 42, which the forker reports).
+func TestCatchFork(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cmd, out, listener := startForker(t, "fork")
+	n, proceed := held(t, listener)
+	if n.Data.Nr != unix.SYS_FORK {
+		t.Fatalf("held call %d, want fork", n.Data.Nr)
+	}
+	child, err := CatchFork(int(n.Pid), proceed)
+	if err != nil {
+		t.Fatalf("CatchFork: %v", err)
+	}
+	r, err := child.Regs()
+	if err != nil || r.Rax != 0 {
+		t.Fatalf("the child at its birth: rax %d, %v; want fork's 0", r.Rax, err)
+	}
+	if ppid, err := child.Syscall(unix.SYS_GETPPID); err != nil || int(ppid) != cmd.Process.Pid {
+		t.Fatalf("the child's parent is %d (%v), want the forker %d", ppid, err, cmd.Process.Pid)
+	}
+	if err := child.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := out.ReadString('\n')
+	if want := fmt.Sprintf("child %d exit 42\n", child.Pid()); line != want {
+		t.Fatalf("the forker said %q, want %q", line, want)
+	}
+}
+
+// A held clone the kernel refuses makes no child: CatchFork says so, and the thread goes on
+// undisturbed.
+func TestCatchForkNoChild(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cmd, out, listener := startForker(t, "badclone")
+	n, proceed := held(t, listener)
+	if _, err := CatchFork(int(n.Pid), proceed); !errors.Is(err, ErrNoFork) {
+		t.Fatalf("CatchFork of a clone that fails: %v, want ErrNoFork", err)
+	}
+	if line, _ := out.ReadString('\n'); line != "clone: "+unix.EINVAL.Error()+"\n" {
+		t.Fatalf("the forker said %q", line)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the forker: %v", err)
 	}
 }
 

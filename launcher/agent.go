@@ -26,7 +26,8 @@ type agentImage struct {
 	span       uint64 // bytes of address space the segments take, in whole pages
 	params     uint64 // offset of fm_params (agent.c)
 	paramsSize uint64
-	cloneEntry uint64 // offset of fm_clone_entry (agent.c)
+	startEntry uint64 // offset of fm_start_entry (agent.c)
+	forkEntry  uint64 // offset of fm_fork_entry (agent.c)
 }
 
 // agentSegment is one loadable segment: data at offset off, memsz bytes (the rest zeros), with
@@ -39,9 +40,13 @@ type agentSegment struct {
 
 // fm_params' layout (agent.c).
 const (
-	paramSockLen = 108
-	paramMemOff  = 108 + 4 // after the padding to 8
-	paramsBytes  = paramMemOff + 16
+	paramSockLen  = 108
+	paramUffd     = 108 // int32
+	paramMem      = 112
+	paramMemLen   = 120
+	paramStackTop = 128
+	paramLifeline = 136 // int32
+	paramsBytes   = 144
 )
 
 // readAgent reads the agent's image from its ELF file and refuses one farmem could not map as
@@ -100,12 +105,14 @@ func readAgent(b []byte) (*agentImage, error) {
 		switch s.Name {
 		case "fm_params":
 			img.params, img.paramsSize = s.Value, s.Size
-		case "fm_clone_entry":
-			img.cloneEntry = s.Value
+		case "fm_start_entry":
+			img.startEntry = s.Value
+		case "fm_fork_entry":
+			img.forkEntry = s.Value
 		}
 	}
-	if img.params == 0 || img.cloneEntry == 0 || len(img.segs) == 0 {
-		return nil, fmt.Errorf("the agent image lacks fm_params or fm_clone_entry")
+	if img.params == 0 || img.startEntry == 0 || img.forkEntry == 0 || len(img.segs) == 0 {
+		return nil, fmt.Errorf("the agent image lacks fm_params, fm_start_entry or fm_fork_entry")
 	}
 	if img.paramsSize != paramsBytes {
 		return nil, fmt.Errorf("the agent's fm_params is %d bytes, farmem writes %d (mixed builds?)", img.paramsSize, paramsBytes)

@@ -152,7 +152,11 @@ func Run(o Options) (int, error) {
 		defer tty.close()
 	}
 	tty.attr(cmd.SysProcAttr) // see terminal.go
-	lifeline := -1            // a static program's (static.go); written before started is sent
+	var parent *parentThread  // a static program's (tracer.go)
+	if o.Static {
+		parent = newParentThread()
+	}
+	lifeline := -1 // a static program's (static.go); written before started is sent
 	defer func() {
 		if lifeline >= 0 {
 			unix.Close(lifeline)
@@ -170,18 +174,26 @@ func Run(o Options) (int, error) {
 		// runtime no polling until then; where there is none, the runtime polls instead.
 		contained, _ := rt.ContainChildren()
 		var err error
-		if o.Static {
-			lifeline, err = startStatic(cmd, rt, sock, agents, contained)
+		if parent != nil {
+			lifeline, err = startStatic(cmd, rt, sock, agents, parent, contained)
 		} else {
 			err = cmd.Start()
 			contained()
 		}
 		if err != nil {
+			if parent != nil {
+				signal.Stop(parent.sigs)
+			}
 			started <- err
 			return
 		}
 		started <- nil
-		ws, err := tty.wait(cmd.Process.Pid)
+		var ws unix.WaitStatus
+		if parent != nil {
+			ws, err = parent.serve(tty, cmd.Process.Pid)
+		} else {
+			ws, err = tty.wait(cmd.Process.Pid)
+		}
 		waited <- result{ws, err}
 		select {} // keep the locked thread (and so Pdeathsig) alive until farmem exits
 	}()

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	goruntime "runtime"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/inject"
+	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/runtime"
 	"github.com/farmem/farmem/uffd"
 )
@@ -30,9 +32,15 @@ import (
 //
 // The filter is installed at once, not when the run arms as for a dynamic program: it is how
 // the runtime learns of every mapping once armed (a static program has no interposed mmap), and
-// it guards forks (runtime.Process.RefuseForks): a fork child could not be served, since there
-// is no shim in it to say its hello and keep a copy of its uffd. Before the run arms the filter
-// lets every mapping call through at the cost of a notification.
+// how it learns of the program's forks (runtime.Process.ServeForks). Before the run arms it lets
+// every mapping call through, at the cost of a notification.
+//
+// A fork child must be entered as the program was: it has no shim to say its hello, keep a copy
+// of its uffd and start its agent. The filter holds the forking thread in its fork call while
+// farmem traces it (inject.CatchFork), so that the child stops at its birth; farmem runs the
+// agent's fork entry in it (the shim's atfork handler: the child inherited the agent at the same
+// address) and holds it until its agent is attached. A child farmem cannot enter is killed:
+// nothing would keep its evicted pages once farmem is gone.
 
 // staticAgents is where the connection handler tells a static program's launcher that the
 // program's agent has said hello: the launcher holds the program stopped until then.
@@ -83,7 +91,7 @@ const agentWait = 10 * time.Second
 // program's lifeline, for the caller to hold until the program is gone. started is called as
 // soon as the program exists (runtime.ContainChildren's). On failure the program has been
 // killed and reaped.
-func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *staticAgents, started func()) (lifeline int, err error) {
+func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *staticAgents, parent *parentThread, started func()) (lifeline int, err error) {
 	img, err := readAgent(agentELF)
 	if err != nil {
 		return -1, err
@@ -106,6 +114,7 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 		agents.forget(pid)
 		if lifeline >= 0 {
 			unix.Close(lifeline)
+			lifeline = -1
 		}
 		unix.Kill(pid, unix.SIGKILL)
 		var ws unix.WaitStatus
@@ -118,51 +127,124 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 		return -1, err
 	}
 	scratch := mem + pageSize // the stack's low end: free until the agent thread runs
-	fd, err := makeUffd(tr, scratch)
+	theirUffd, fd, err := makeUffd(tr, scratch)
 	if err != nil {
 		return -1, err
 	}
-	if lifeline, err = makeLifeline(tr, scratch); err != nil {
+	theirLifeline, lifeline, err := makeLifeline(tr, scratch)
+	if err != nil {
 		unix.Close(fd)
 		return -1, err
+	}
+	var fds [4]byte
+	binary.LittleEndian.PutUint32(fds[:], uint32(theirUffd))
+	if err := tr.Write(mem+agentOffset+img.params+paramUffd, fds[:]); err != nil {
+		unix.Close(fd)
+		return lifeline, err
+	}
+	binary.LittleEndian.PutUint32(fds[:], uint32(theirLifeline))
+	if err := tr.Write(mem+agentOffset+img.params+paramLifeline, fds[:]); err != nil {
+		unix.Close(fd)
+		return lifeline, err
 	}
 	p, err := rt.Attach(pid, fd)
 	if err != nil {
 		return lifeline, err
 	}
-	p.RefuseForks() // before its agent's hello, which installs the filter in an armed run
+	// Before its agent's hello, which installs the filter in an armed run. The agent is at the
+	// same address in every fork child (a copy of the parent's memory).
+	p.ServeForks(func(tid int, proceed func() error) error {
+		enter := func() error { return enterForkChild(img, mem, agents, tid, proceed) }
+		if tgid, err := procfs.Tgid(tid); err == nil && tgid == pid {
+			// The program's own fork: traced from its parent thread (tracer.go).
+			if err := parent.do(enter); !errors.Is(err, errGone) {
+				return err
+			}
+		}
+		goruntime.LockOSThread() // the child's tracer, until it is let go
+		defer goruntime.UnlockOSThread()
+		return enter()
+	})
+	if _, err := runAgentEntry(tr, mem+agentOffset+img.startEntry); err != nil {
+		return lifeline, err
+	}
+	return lifeline, holdUntilAttached(tr, ready, func() {
+		if rt.Armed() {
+			// The mappings exec made (the program's .bss, where a Go runtime keeps its heap's
+			// metadata) are seen by no filter: registered now, before anything is written
+			// there, what the program writes there faults, and counts, instead of being found
+			// unseen by a rescan later. (The agent's memory is pinned by now.)
+			p.Rescan()
+		}
+	})
+}
+
+// runAgentEntry runs one of the agent's entries (agent.c) on the tracee's stopped thread, below
+// its stack pointer, and returns the agent thread's id.
+func runAgentEntry(tr *inject.Tracee, entry uint64) (int, error) {
 	regs, err := tr.Regs()
 	if err != nil {
-		return lifeline, err
+		return 0, err
 	}
-	const threadFlags = unix.CLONE_VM | unix.CLONE_FS | unix.CLONE_FILES | unix.CLONE_SIGHAND |
-		unix.CLONE_THREAD | unix.CLONE_SYSVSEM
-	stackTop := mem + pageSize + agentStackBytes
-	tid, err := tr.Call(mem+uint64(agentOffset)+img.cloneEntry, regs.Rsp, unix.SYS_CLONE, threadFlags, stackTop, 0, 0, 0)
+	// Below the thread's stack pointer and its red zone, which the code interrupted may use.
+	tid, err := tr.Call(entry, (regs.Rsp-256)&^15, 0)
 	if err != nil {
-		return lifeline, err
+		return 0, err
 	}
 	if int64(tid) < 0 {
-		return lifeline, fmt.Errorf("clone of the agent thread: %w", unix.Errno(-int64(tid)))
+		return 0, fmt.Errorf("clone of the agent thread: %w", unix.Errno(-int64(tid)))
 	}
-	// Hold the program until its agent is attached and its filter in.
+	return int(tid), nil
+}
+
+// holdUntilAttached holds the tracee stopped until its agent has said hello and its filter is
+// in (ready), then calls attached (if not nil) and lets it go.
+func holdUntilAttached(tr *inject.Tracee, ready <-chan error, attached func()) error {
 	deadline := time.Now().Add(agentWait)
 	for {
 		select {
 		case err := <-ready:
 			if err != nil {
-				return lifeline, fmt.Errorf("installing the mapping filter: %w", err)
+				return fmt.Errorf("installing the mapping filter: %w", err)
 			}
-			return lifeline, tr.Detach()
+			if attached != nil {
+				attached()
+			}
+			return tr.Detach()
 		case <-time.After(10 * time.Millisecond):
 		}
 		if err := tr.Poll(); err != nil {
-			return lifeline, err // the agent could not reach farmem, and killed it
+			return err // the agent could not reach farmem, and killed it
 		}
 		if time.Now().After(deadline) {
-			return lifeline, fmt.Errorf("its agent did not say hello within %v", agentWait)
+			return fmt.Errorf("its agent did not say hello within %v", agentWait)
 		}
 	}
+}
+
+// enterForkChild is a static program's fork server (runtime.ForkServer): it catches the child of
+// the fork thread tid is making, stopped at its birth, has it say its hello and start its agent
+// (agent.c, fm_fork_child: the shim's atfork handler), and lets it go once the agent is attached.
+// A child that cannot be entered is killed: nothing would keep its evicted pages.
+// It runs on a locked thread.
+func enterForkChild(img *agentImage, mem uint64, agents *staticAgents, tid int, proceed func() error) error {
+	tr, err := inject.CatchFork(tid, proceed)
+	if errors.Is(err, inject.ErrNoFork) {
+		return nil // the kernel refused the fork: the program has its error
+	}
+	if err != nil {
+		return err
+	}
+	ready := agents.expect(tr.Pid())
+	if _, err = runAgentEntry(tr, mem+agentOffset+img.forkEntry); err == nil {
+		err = holdUntilAttached(tr, ready, nil)
+	}
+	if err != nil {
+		agents.forget(tr.Pid())
+		tr.Kill()
+		return fmt.Errorf("fork child %d could not be entered, and was killed: %w", tr.Pid(), err)
+	}
+	return nil
 }
 
 // agentOffset is where the agent's image starts in its memory: after a guard page and the
@@ -190,8 +272,9 @@ func mapAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, err 
 	}
 	params := make([]byte, paramsBytes)
 	copy(params, sock)
-	binary.LittleEndian.PutUint64(params[paramMemOff:], mem)
-	binary.LittleEndian.PutUint64(params[paramMemOff+8:], length)
+	binary.LittleEndian.PutUint64(params[paramMem:], mem)
+	binary.LittleEndian.PutUint64(params[paramMemLen:], length)
+	binary.LittleEndian.PutUint64(params[paramStackTop:], mem+pageSize+agentStackBytes)
 	if err := tr.Write(base+img.params, params); err != nil {
 		return 0, err
 	}
@@ -206,7 +289,7 @@ func mapAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, err 
 
 // makeUffd creates the tracee's userfaultfd (it keeps it) and returns farmem's copy, its API
 // handshake done. scratch is a page of the tracee's memory it may use.
-func makeUffd(tr *inject.Tracee, scratch uint64) (int, error) {
+func makeUffd(tr *inject.Tracee, scratch uint64) (theirs, mine int, err error) {
 	const flags = unix.O_CLOEXEC | unix.O_NONBLOCK
 	fd, err := tr.Syscall(unix.SYS_USERFAULTFD, flags)
 	if errors.Is(err, unix.EPERM) {
@@ -214,17 +297,16 @@ func makeUffd(tr *inject.Tracee, scratch uint64) (int, error) {
 		fd, err = uffdFromDevice(tr, scratch, flags)
 	}
 	if err != nil {
-		return -1, fmt.Errorf("userfaultfd: %w", err)
+		return -1, -1, fmt.Errorf("userfaultfd: %w", err)
 	}
-	mine, err := tr.TakeFD(int(fd))
-	if err != nil {
-		return -1, err
+	if mine, err = tr.TakeFD(int(fd)); err != nil {
+		return -1, -1, err
 	}
 	if _, _, err := uffd.API(mine, uffdFeatures); err != nil {
 		unix.Close(mine)
-		return -1, fmt.Errorf("UFFDIO_API: %w", err)
+		return -1, -1, fmt.Errorf("UFFDIO_API: %w", err)
 	}
-	return mine, nil
+	return int(fd), mine, nil
 }
 
 func uffdFromDevice(tr *inject.Tracee, scratch uint64, flags int) (uint64, error) {
@@ -244,27 +326,26 @@ func uffdFromDevice(tr *inject.Tracee, scratch uint64, flags int) (uint64, error
 
 // makeLifeline makes the tracee's lifeline pipe (shim.c, make_lifeline): the tracee keeps the
 // read end, set to SIGKILL it once no writer is left, and farmem takes the only write end.
-func makeLifeline(tr *inject.Tracee, scratch uint64) (int, error) {
+func makeLifeline(tr *inject.Tracee, scratch uint64) (theirs, mine int, err error) {
 	if _, err := tr.Syscall(unix.SYS_PIPE2, scratch, unix.O_CLOEXEC); err != nil {
-		return -1, fmt.Errorf("pipe2: %w", err)
+		return -1, -1, fmt.Errorf("pipe2: %w", err)
 	}
 	var fds [8]byte
 	if err := tr.Read(scratch, fds[:]); err != nil {
-		return -1, err
+		return -1, -1, err
 	}
 	rd, wr := uint64(binary.LittleEndian.Uint32(fds[:])), uint64(binary.LittleEndian.Uint32(fds[4:]))
 	for _, c := range [][2]uint64{{unix.F_SETOWN, uint64(tr.Pid())}, {unix.F_SETSIG, uint64(unix.SIGKILL)}, {unix.F_SETFL, unix.O_ASYNC | unix.O_NONBLOCK}} {
 		if _, err := tr.Syscall(unix.SYS_FCNTL, rd, c[0], c[1]); err != nil {
-			return -1, fmt.Errorf("fcntl of the lifeline: %w", err)
+			return -1, -1, fmt.Errorf("fcntl of the lifeline: %w", err)
 		}
 	}
-	mine, err := tr.TakeFD(int(wr))
-	if err != nil {
-		return -1, err
+	if mine, err = tr.TakeFD(int(wr)); err != nil {
+		return -1, -1, err
 	}
 	if _, err := tr.Syscall(unix.SYS_CLOSE, wr); err != nil {
 		unix.Close(mine)
-		return -1, err
+		return -1, -1, err
 	}
-	return mine, nil
+	return int(rd), mine, nil
 }

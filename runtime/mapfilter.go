@@ -42,7 +42,7 @@ func (rt *Runtime) filterMappings(p *Process) {
 	if a == nil || !p.filtered.CompareAndSwap(false, true) {
 		return
 	}
-	fd, err := a.Filter(rt.cfg.MinRegister, p.refuseForks.Load())
+	fd, err := a.Filter(rt.cfg.MinRegister, p.forks.Load() != nil)
 	if errors.Is(err, unix.EBUSY) {
 		err = nil // a filter inherited from a parent has a listener already: ours, serving it
 		fd = -1
@@ -50,7 +50,7 @@ func (rt *Runtime) filterMappings(p *Process) {
 	p.filterErr = err
 	close(p.filterDone)
 	if err != nil {
-		if !p.refuseForks.Load() && rt.filterFailed.CompareAndSwap(false, true) {
+		if p.forks.Load() == nil && rt.filterFailed.CompareAndSwap(false, true) {
 			fmt.Fprintf(os.Stderr, "farmem: cannot install the mapping filter (%v): glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", err)
 		}
 		return
@@ -66,13 +66,19 @@ func (rt *Runtime) filterMappings(p *Process) {
 	}()
 }
 
-// RefuseForks makes every fork of the process fail (ENOSYS) once its filter is installed
-// (InstallFilter); it must be called before the process's agent says hello. It is for a process
-// nothing could serve a fork child of: a statically linked program, which has no shim to say the
-// child's hello, so that the child would be served on the FORK event's uffd, whose only copy
-// farmem holds: farmem's death, or the retirement of a child that never said hello, would then
-// leave it reading zeros where its evicted pages were. Threads and vfork (one mm) are not forks.
-func (p *Process) RefuseForks() { p.refuseForks.Store(true) }
+// ForkServer enters a fork child of a process that cannot do it itself: tid is the thread about
+// to fork, held in its fork call; proceed lets the fork go on. An error returned before proceed
+// was called refuses the fork (it fails with ENOSYS); after, the child is the server's to
+// stop.
+type ForkServer func(tid int, proceed func() error) error
+
+// ServeForks hands the process's forks to f once its filter is installed (InstallFilter); it must
+// be called before the process's agent says hello, and its fork children inherit f. It is for a
+// process with no shim (a statically linked program): its child would otherwise be served on the
+// FORK event's uffd alone, whose only copy farmem holds, with nobody to say its hello, so that
+// farmem's death, or the retirement of a child that never said hello, would leave it reading
+// zeros where its evicted pages were. Threads and vfork (one mm) are not forks.
+func (p *Process) ServeForks(f ForkServer) { p.forks.Store(&f) }
 
 // InstallFilter has the process's agent install the mapping filter now, armed or not, unless it
 // was (SetAgent installs it in an armed run), and returns how the installation went. Before the
@@ -86,17 +92,33 @@ func (p *Process) InstallFilter() error {
 	return p.filterErr
 }
 
-// serveFork answers a fork the filter handed over: refused (ENOSYS) if the process refuses
-// forks, else let through.
+// serveFork answers a fork the filter handed over: let through, unless the process has a fork
+// server (ServeForks), which enters the child or refuses the fork.
 func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
-	resp := seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue}
-	if p := rt.lookupThread(int(n.Pid)); p != nil && p.refuseForks.Load() {
-		resp = seccomp.Resp{ID: n.ID, Error: -int32(unix.ENOSYS)}
-		if p.forkSaid.CompareAndSwap(false, true) {
-			fmt.Fprintf(os.Stderr, "farmem: process %d tried to fork: farmem cannot serve a fork child of a statically linked program yet, so its forks fail (ENOSYS)\n", p.Pid())
-		}
+	p := rt.lookupThread(int(n.Pid))
+	var f *ForkServer
+	if p != nil {
+		f = p.forks.Load()
 	}
-	seccomp.Respond(fd, &resp)
+	if f == nil {
+		seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
+		return
+	}
+	proceeded := false
+	err := (*f)(int(n.Pid), func() error {
+		proceeded = true
+		return seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
+	})
+	if proceeded {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "farmem: process %d forked, and its child could not be served: %v\n", p.Pid(), err)
+		}
+		return
+	}
+	seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Error: -int32(unix.ENOSYS)})
+	if p.forkSaid.CompareAndSwap(false, true) {
+		fmt.Fprintf(os.Stderr, "farmem: process %d tried to fork, and farmem could not take its child (%v): its forks fail (ENOSYS)\n", p.Pid(), err)
+	}
 }
 
 func (rt *Runtime) serveNotifications(fd int) {
@@ -122,7 +144,7 @@ func (rt *Runtime) serveNotifications(fd int) {
 			continue // ENOENT: the caller was interrupted meanwhile
 		}
 		if call.Data.Nr == unix.SYS_FORK || call.Data.Nr == unix.SYS_CLONE {
-			rt.serveFork(fd, call)
+			go rt.serveFork(fd, call) // the server waits for the child
 			continue
 		}
 		// Each on its own: an agent round trip must not hold up other processes' calls, and a
@@ -143,6 +165,14 @@ func (rt *Runtime) serveMapping(fd int, n seccomp.Notif) {
 	p := rt.lookupThread(int(n.Pid))
 	if p == nil || !rt.Armed() || int32(n.Pid) == p.agentTid.Load() {
 		return // unknown (exec'd image before its hello), not yet armed, or the agent itself
+	}
+	if n.Data.Nr == unix.SYS_MMAP {
+		// One at a time, from the check that the caller still waits to its answer. A signal
+		// (a Go program's preemption signal, often) may interrupt the caller after that check;
+		// it makes the call again, and that second call, served first, would hand it memory
+		// that this call's mmap (MAP_FIXED: over it) or its undo then replaced.
+		p.mapMu.Lock()
+		defer p.mapMu.Unlock()
 	}
 	p.agentMu.Lock()
 	a := p.agent
@@ -165,8 +195,10 @@ func (rt *Runtime) serveMapping(fd int, n seccomp.Notif) {
 		}
 		p.Register(uint64(addr), pageUp(n.Data.Args[1]))
 		rt.Stats.MappingsSeen.Add(1)
-		if seccomp.Respond(fd, &resp) != nil {
-			// The caller was interrupted and will make the call again: undo ours.
+		if seccomp.Respond(fd, &resp) != nil && n.Data.Args[3]&unix.MAP_FIXED == 0 {
+			// The caller was interrupted and will make the call again: undo ours. Not a
+			// MAP_FIXED one: the call made again replaces it, where an unmap would leave a
+			// hole in what the program had there (a Go heap's reservation).
 			a.Syscall(unix.SYS_MUNMAP, [6]uint64{uint64(addr), n.Data.Args[1]})
 		}
 		answered = true

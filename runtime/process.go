@@ -51,15 +51,16 @@ type Process struct {
 	// written before.
 	filterDone chan struct{}
 	filterErr  error
-	// refuseForks: the process's forks fail (mapfilter.go, serveFork): nothing in it could
-	// serve a fork child (a static program has no shim to say the child's hello).
-	refuseForks atomic.Bool
-	forkSaid    atomic.Bool // its refused fork was reported
+	// forks, if set, enters the process's fork children (mapfilter.go, serveFork): nothing in
+	// the process does (a static program has no shim to say the child's hello).
+	forks    atomic.Pointer[ForkServer]
+	forkSaid atomic.Bool // a refused fork was reported
 	// staging is the staging area the evictor moves victims into (evictor.Target.Staging): 0
 	// until the first batch makes it, noStaging once it is known there can be none. Both
 	// belong to the evictor goroutine.
 	staging   uint64
 	noStaging bool
+	mapMu     sync.Mutex // serializes the process's notified mmap calls (mapfilter.go)
 	brkMu     sync.Mutex // serializes the process's notified brk calls (mapfilter.go)
 	brk       int64      // protected by brkMu; the break the last of them left (0: not known yet)
 

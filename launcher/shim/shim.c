@@ -59,8 +59,6 @@
 #include "agent.h"
 
 static int state; /* 0 = not yet initialised, 1 = active, -1 = disabled (no FARMEM_SOCK) */
-static int ctl = -1, ufd = -1;
-static uint64_t min_map = 1 << 20;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile int init_spin;
 
@@ -111,68 +109,6 @@ static void start_agent(void)
 		;
 }
 
-/* make_lifeline returns the write end of a new pipe, for the runtime to hold, and keeps the read
- * end in lifeline, set to SIGKILL this process once no writer is left (O_ASYNC signals a pipe's
- * readers when its last writer closes; F_SETSIG makes that signal SIGKILL). The runtime holds the
- * only write end until the process's control connection ends, so the kill comes exactly when the
- * runtime dies first. Nothing else can end a process whose threads wait on the dead runtime:
- * a fault on an evicted page, or the agent's drop waiting for its REMOVE to be read, sleeps until
- * SIGKILL; the agent cannot notice the runtime's end while it is the one waiting; and only the
- * program farmem started gets farmem's parent-death signal, not a fork child such as redis's
- * BGSAVE, which without it hangs in handle_userfault forever. -1: no lifeline (the process
- * then still has the agent's end-of-connection check). */
-static int lifeline = -1;
-static int make_lifeline(void)
-{
-	int p[2];
-	if (raw6(SYS_pipe2, (long)p, O_CLOEXEC, 0, 0, 0, 0) < 0) return -1;
-	if (raw6(SYS_fcntl, p[0], F_SETOWN, raw6(SYS_getpid, 0, 0, 0, 0, 0, 0), 0, 0, 0) < 0 ||
-	    raw6(SYS_fcntl, p[0], F_SETSIG, SIGKILL, 0, 0, 0) < 0 ||
-	    raw6(SYS_fcntl, p[0], F_SETFL, O_ASYNC | O_NONBLOCK, 0, 0, 0) < 0) {
-		raw6(SYS_close, p[0], 0, 0, 0, 0, 0);
-		raw6(SYS_close, p[1], 0, 0, 0, 0, 0);
-		return -1;
-	}
-	lifeline = p[0];
-	return p[1];
-}
-
-/* hello performs the handshake on a fresh control connection, sending our uffd and our lifeline's
- * write end. fork_child: if the parent had ranges registered when it forked, the runtime serves us
- * on the uffd of the parent's FORK event instead and sends it back as our keep-alive copy. */
-static int hello(int fork_child, uint64_t features)
-{
-	struct fm_msg h = { .type = MSG_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
-			    .a = raw6(SYS_getppid, 0, 0, 0, 0, 0, 0), .b = features, .c = fork_child };
-	int w = make_lifeline();
-	long sent = send_msg2(ctl, &h, sizeof h, ufd, w);
-	if (w >= 0) raw6(SYS_close, w, 0, 0, 0, 0, 0); /* the runtime's copy is the only writer now */
-	if (sent < 0) return -1;
-	struct fm_msg r;
-	int fd = -1;
-	if (recv_msg(ctl, &r, sizeof r, &fd) != sizeof r || r.type != MSG_HELLO_OK) return -1;
-	if (r.a) return -1;
-	if (r.b) min_map = r.b;
-	if (fd >= 0) {
-		raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
-		ufd = fd;
-	}
-	return 0;
-}
-
-/* new_uffd creates this process's userfaultfd with the features the runtime relies on. */
-static int new_uffd(uint64_t *features)
-{
-	int fd = open_uffd();
-	if (fd < 0) { say("cannot create a userfaultfd (need root or access to /dev/userfaultfd)"); return -1; }
-	struct uffdio_api api = { .api = UFFD_API,
-		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
-			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
-	if (raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0) < 0) { say("UFFDIO_API refused the features farmem needs"); return -1; }
-	*features = api.features;
-	return fd;
-}
-
 static void init(void)
 {
 	while (__atomic_exchange_n(&init_spin, 1, __ATOMIC_ACQUIRE)) ;
@@ -195,23 +131,9 @@ out:
 static void atfork_child(void)
 {
 	if (state != 1) return;
-	/* Our inherited ctl/agent sockets and uffd are the parent's; leave them to it. */
-	raw6(SYS_close, ctl, 0, 0, 0, 0, 0);
-	raw6(SYS_close, agent_sock, 0, 0, 0, 0, 0);
-	raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
-	if (lifeline >= 0) raw6(SYS_close, lifeline, 0, 0, 0, 0, 0); /* the parent's: it signals the parent */
-	lifeline = -1;
-	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0); /* the parent's: see drop_pidfd */
-	drop_pidfd = -1;
-	/* The parent's staging area was copied, unregistered: the runtime may read pages the parent
-	 * had staged from it (its page table's Stage), so it stays; this process moves nothing. */
-	if (stage_ufd >= 0) raw6(SYS_close, stage_ufd, 0, 0, 0, 0, 0);
-	stage_ufd = -1;
 	pthread_mutex_init(&ctl_lock, NULL);
-	uint64_t features;
-	ctl = connect_rt();
-	ufd = new_uffd(&features);
-	if (ctl < 0 || ufd < 0 || hello(1, features) < 0) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
+	const char *path = getenv("FARMEM_SOCK");
+	fork_child_hello(path ? path : "");
 	start_agent();
 }
 

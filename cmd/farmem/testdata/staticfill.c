@@ -5,9 +5,11 @@
  * at random, checking the number first; and prints a digest that depends only on its arguments.
  * A page whose number is wrong (zeros where farmem lost a page) is reported, exit status 99.
  *
- *	staticfill MIB ROUNDS [fork|crash]
- * fork: also tries fork() and posix_spawn of /bin/true, and says how each went; crash: dies of
- * SIGSEGV after the rounds instead of printing. */
+ *	staticfill MIB ROUNDS [fork|forkspin|crash]
+ * fork: after the rounds, forks a child that checks every page and prints the digest (prefixed
+ * "child: "), and spawns /bin/true with posix_spawn (a vfork: one mm), saying how each went;
+ * forkspin: the same, but the child rewrites pages for ever; crash: dies of SIGSEGV after the
+ * rounds instead of printing. */
 #include <errno.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -28,17 +30,6 @@ int main(int argc, char **argv)
 	if (argc < 3) { fprintf(stderr, "usage: staticfill MIB ROUNDS [fork|crash]\n"); return 2; }
 	long mib = atol(argv[1]), rounds = atol(argv[2]);
 	const char *mode = argc > 3 ? argv[3] : "";
-	if (strcmp(mode, "fork") == 0) {
-		pid_t p = fork();
-		if (p == 0) _exit(0);
-		if (p < 0) printf("fork: %s\n", strerror(errno));
-		else { waitpid(p, 0, 0); printf("fork: ok\n"); }
-		char *args[] = { "/bin/true", 0 };
-		int st, e = posix_spawn(&p, "/bin/true", 0, 0, args, environ);
-		if (e) printf("posix_spawn: %s\n", strerror(e));
-		else { waitpid(p, &st, 0); printf("posix_spawn: exit %d\n", WEXITSTATUS(st)); }
-		fflush(stdout);
-	}
 	/* Pages, in order: the big blocks' then the small ones' (two pages to three blocks). */
 	long bigs = mib / 2, npages = mib * (BIG / PAGE);
 	long smalls = (npages - bigs * (BIG / PAGE)) * PAGE / SMALL;
@@ -53,6 +44,8 @@ int main(int argc, char **argv)
 		memcpy(AT(k, 0), &k, 8);
 		for (int off = 8; off < PAGE; off += 8) { uint64_t v = next(); memcpy(AT(k, off), &v, 8); }
 	}
+	int spin = strcmp(mode, "forkspin") == 0;
+	if (spin) mode = "fork";
 	for (long r = 0; r < rounds; r++) {
 		long k = next() % npages;
 		long got;
@@ -62,9 +55,36 @@ int main(int argc, char **argv)
 		for (int off = 8; off < PAGE; off++) *AT(k, off) ^= (unsigned char)(seed >> (off % 64));
 	}
 	if (strcmp(mode, "crash") == 0) *(volatile int *)0 = 1;
+	const char *who = "";
+	if (strcmp(mode, "fork") == 0) {
+		fflush(stdout);
+		pid_t p = fork();
+		if (p < 0) printf("fork: %s\n", strerror(errno));
+		if (p == 0) who = "child: ";
+		for (long k; p == 0 && spin;) { /* rewrite pages for ever, checking each first */
+			k = next() % npages;
+			long got;
+			memcpy(&got, AT(k, 0), 8);
+			if (got != k) { printf("child: BAD page %ld holds %ld\n", k, got); fflush(stdout); return 99; }
+			*AT(k, 8) ^= 1;
+		}
+		if (p > 0) {
+			int st;
+			waitpid(p, &st, 0);
+			printf("fork: child exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+			char *args[] = { "/bin/true", 0 };
+			int e = posix_spawn(&p, "/bin/true", 0, 0, args, environ);
+			if (e) printf("posix_spawn: %s\n", strerror(e));
+			else { waitpid(p, &st, 0); printf("posix_spawn: exit %d\n", WEXITSTATUS(st)); }
+		}
+	}
 	uint64_t h = 1469598103934665603ULL; /* FNV-1a over every page */
-	for (long k = 0; k < npages; k++)
+	for (long k = 0; k < npages; k++) {
+		long got;
+		memcpy(&got, AT(k, 0), 8);
+		if (got != k) { printf("%sBAD page %ld holds %ld\n", who, k, got); fflush(stdout); return 99; }
 		for (int off = 0; off < PAGE; off++) h = (h ^ *AT(k, off)) * 1099511628211ULL;
-	printf("staticfill %ld MiB %ld rounds: %016llx\n", mib, rounds, (unsigned long long)h);
+	}
+	printf("%sstaticfill %ld MiB %ld rounds: %016llx\n", who, mib, rounds, (unsigned long long)h);
 	return 0;
 }
