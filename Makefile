@@ -16,7 +16,7 @@ shim: $(SHIM) $(AGENT)
 $(SHIM): launcher/shim/shim.c launcher/shim/agent.h
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
 # The agent farmem injects into static programs: freestanding, position independent, and with no
-# relocation to apply, so that farmem can map it anywhere with no loader (launcher/agent.go checks).
+# relocation to apply, so that farmem can map it anywhere with no loader (launcher/agentimage.go checks).
 $(AGENT): launcher/shim/agent.c launcher/shim/agent.h
 	$(CC) -Os -Wall -Wextra -ffreestanding -fno-builtin -fno-stack-protector -fcf-protection=none \
 		-fno-asynchronous-unwind-tables -fPIC -fvisibility=hidden -nostdlib -static-pie \
