@@ -34,7 +34,8 @@
 //	marks      the head: the evictor goroutine (grow, in Loop); the fault-waited flag: the fault
 //	           threads set it (Waited), the evictor goroutine clears it; read by anyone
 //	           (HighWater, LowWater, Limit, MaxHead)
-//	kick       sent on by the fault threads and the runtime's RSS poll (Kick); Loop receives
+//	bell       rung by the fault threads and the runtime's RSS poll (Kick); Loop waits on it
+//	stopping   Loop's stop watcher; read by Loop
 //	tid        Loop, as it starts and ends; read by the fault threads (Tid)
 //	Unmanaged  the runtime's RSS poll; read by Used
 //	Reserve    the runtime's RSS poll, from a BurstReserve; read by the watermarks

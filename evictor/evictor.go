@@ -68,7 +68,9 @@ type Config struct {
 type Evictor struct {
 	cfg   Config
 	marks watermarks
-	kick  chan struct{} // capacity 1: a pending kick stands for any number
+	bell  doorbell // rung by Kick; Loop waits on it
+	// stopping is set once Loop's stop channel is closed; Loop's doorbell is rung with it.
+	stopping atomic.Bool
 	// tid is the thread Loop runs on (locked to it): its reads of a program's pages may fault
 	// on that program's uffd, and the fault thread must never hold those for room (Tid).
 	tid atomic.Int32
@@ -96,7 +98,7 @@ type Evictor struct {
 // New returns an evictor for cfg. Its watermarks start with minHead pages of room below the
 // cap (see watermarks). Nothing runs until Loop.
 func New(cfg Config) *Evictor {
-	e := &Evictor{cfg: cfg, kick: make(chan struct{}, 1)}
+	e := &Evictor{cfg: cfg}
 	e.marks.init(cfg.CapPages)
 	e.b.init()
 	return e
@@ -108,12 +110,7 @@ func (e *Evictor) MaxHead() int64 { return e.marks.maxHead }
 
 // Kick tells the evictor there is pressure: a fault thread, or the runtime's RSS poll, saw
 // Used above HighWater. It never blocks; kicks that come while one is pending are one.
-func (e *Evictor) Kick() {
-	select {
-	case e.kick <- struct{}{}:
-	default:
-	}
-}
+func (e *Evictor) Kick() { e.bell.ring() }
 
 // Waited tells the evictor that a fault had to wait at the cap for room: the program pages
 // steadily, and the next round grows the head. Called by the fault path, lock-free.
@@ -129,16 +126,18 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 	e.tid.Store(int32(unix.Gettid()))
 	defer e.tid.Store(0)
 	const retryAfter = 5 * time.Millisecond
-	retry := time.NewTimer(retryAfter)
-	retry.Stop()
-	defer retry.Stop()
+	go func() {
+		<-stop
+		e.stopping.Store(true)
+		e.bell.ring()
+	}()
+	retry := time.Duration(0)
 	for {
-		select {
-		case <-stop:
+		e.bell.wait(retry)
+		if e.stopping.Load() {
 			return
-		case <-e.kick:
-		case <-retry.C:
 		}
+		retry = 0
 		e.marks.grow()
 		for e.Used() > e.HighWater() {
 			t := e.largest()
@@ -161,7 +160,7 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 			}
 		}
 		if e.Used() > e.HighWater() {
-			retry.Reset(retryAfter)
+			retry = retryAfter
 		}
 	}
 }

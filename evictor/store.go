@@ -2,13 +2,15 @@ package evictor
 
 import (
 	"fmt"
+	"hash/crc32"
 	"unsafe"
 
 	"github.com/farmem/farmem/uffd"
 )
 
 // store stores the pages copied out, in one backend Store, and sets each one's slot. An
-// all-zero page needs no copy: its slot is 0, which reads as zeros.
+// all-zero page needs no copy: its slot is 0, which reads as zeros. Only a page whose checksum
+// is the zero page's is read again to see whether it is all zeros: the others cannot be.
 //
 // The non-zero pages are packed at the front of buf first: buf is not read after this.
 func (e *Evictor) store(b *batch) error {
@@ -16,7 +18,7 @@ func (e *Evictor) store(b *batch) error {
 	b.nz = b.nz[:0]
 	for i := range slots {
 		slots[i] = 0
-		if !isZero(b.page(i)) {
+		if b.sums[i] != zeroPageSum || !isZero(b.page(i)) {
 			b.nz = append(b.nz, i)
 		}
 	}
@@ -37,6 +39,9 @@ func (e *Evictor) store(b *batch) error {
 	}
 	return nil
 }
+
+// zeroPageSum is the checksum of a page of zeros.
+var zeroPageSum = crc32.Checksum(make([]byte, uffd.PageSize), castagnoli)
 
 // isZero reports whether page b is all zeros.
 func isZero(b []byte) bool {

@@ -28,8 +28,9 @@
 //	pagetable.PageTable.mu   the process's page table (its own doc: then Slots.mu)
 //	PrefetchCache.mu         taken under the page table's lock, never the other way
 //
-// Nothing here holds a lock across a wait on the program. The page table's lock is held across
-// a backend read in one place only: the prefetch of the embedded stores, inline on the fault
+// Nothing here holds a lock across a wait on the program, nor across the install of a page
+// read back, whose wake runs the program on this CPU until its next fault (installUnlocked).
+// The page table's lock is held across a backend read in one place only: the prefetch of the embedded stores, inline on the fault
 // thread, where the read is a memcpy and the lock keeps the chosen pages from changing under
 // it. A demand fault's backend read and the prefetch worker's batch read run unlocked: the
 // pages being read are marked Fetching, so the prefetcher does not choose them again and a

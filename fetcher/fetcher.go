@@ -97,6 +97,9 @@ type Fetcher struct {
 	// nil without a worker. Closed by Stop once the fault thread has ended.
 	prefetchQ chan prefetchBatch
 	done      chan struct{} // closed when the fault thread has ended
+	// stopped is set by Stop: the fault thread, which polls only when no fault is queued,
+	// looks at it before each read.
+	stopped atomic.Bool
 }
 
 // New makes the fetcher of one process. Start runs it.
@@ -142,6 +145,7 @@ func (f *Fetcher) Start() {
 // Stop ends the fault thread, waits for it, and ends the prefetch worker once it has finished
 // its batch. The process's faults are no longer served.
 func (f *Fetcher) Stop() {
+	f.stopped.Store(true)
 	var one = [8]byte{1}
 	unix.Write(f.stop, one[:])
 	<-f.done

@@ -71,34 +71,42 @@ func (f *Fetcher) serve() {
 	var counter [8]byte
 	var wait unix.Timespec
 	for {
-		// Pending faults wait for one of three things, each of which wakes this poll: an
-		// unread event (it is on the uffd), the evictor making room or finishing a drop (it
-		// writes f.room, see Wake), or a fork child's pid (rare: the timeout).
-		var timeout *unix.Timespec
-		if len(pending) > 0 {
-			wait, timeout = unix.Timespec{Nsec: 1_000_000}, &wait
-		} else if d := f.host.Idle(nanotime()); d > 0 {
-			wait, timeout = unix.NsecToTimespec(int64(d)), &wait
-		}
-		if _, err := unix.Ppoll(pfd, timeout, nil); err != nil && err != unix.EINTR {
-			f.host.Fail(fmt.Errorf("poll uffd: %w", err))
+		if f.stopped.Load() {
 			return
 		}
-		if pfd[1].Revents != 0 {
+		// Read first, poll only when nothing is queued. The install that served the last fault
+		// woke the program, which on this CPU ran inside the ioctl until its next fault: that
+		// fault is usually queued by the time the ioctl returns, and the read takes it at once.
+		// In steady state a fault costs the read and the install, two system calls, where
+		// polling first and reading until EAGAIN cost four.
+		n, err := uffd.ReadMsgs(f.fd, msgs)
+		if err != nil && err != unix.EAGAIN {
+			f.host.Fail(fmt.Errorf("read uffd: %w", err))
 			return
 		}
-		if pfd[2].Revents != 0 {
-			unix.Read(f.room, counter[:])
-		}
-		for {
-			n, err := uffd.ReadMsgs(f.fd, msgs)
-			if err == unix.EAGAIN || n == 0 {
-				break
+		if err == unix.EAGAIN || n == 0 {
+			// Pending faults wait for one of three things, each of which wakes this poll: an
+			// unread event (it is on the uffd), the evictor making room or finishing a drop (it
+			// writes f.room, see Wake), or a fork child's pid (rare: the timeout).
+			var timeout *unix.Timespec
+			if len(pending) > 0 {
+				wait, timeout = unix.Timespec{Nsec: 1_000_000}, &wait
+			} else if d := f.host.Idle(nanotime()); d > 0 {
+				wait, timeout = unix.NsecToTimespec(int64(d)), &wait
 			}
-			if err != nil {
-				f.host.Fail(fmt.Errorf("read uffd: %w", err))
+			if _, err := unix.Ppoll(pfd, timeout, nil); err != nil && err != unix.EINTR {
+				f.host.Fail(fmt.Errorf("poll uffd: %w", err))
 				return
 			}
+			if pfd[1].Revents != 0 {
+				return
+			}
+			if pfd[2].Revents != 0 {
+				unix.Read(f.room, counter[:])
+			}
+			n = 0
+		}
+		if n > 0 {
 			now := time.Now()
 			for i := range msgs[:n] {
 				f.clock.retried = false
@@ -106,6 +114,9 @@ func (f *Fetcher) serve() {
 					pending = append(pending, pendingFault{msgs[i], now, 1 << o})
 				}
 			}
+		}
+		if len(pending) == 0 {
+			continue
 		}
 		// Faults that hit EAGAIN (an unread event) or the cap: resolve again from scratch.
 		// waiting is raised before they look at the cap, and the evictor lowers Resident
@@ -239,7 +250,7 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		}()
 	}
 	if e.Slot == 0 {
-		n, err := uffd.Copy(f.fd, pg, unsafe.Pointer(&zeros[0]), ps, 0)
+		n, err := f.installUnlocked(e, pg, unsafe.Pointer(&zeros[0]), 0)
 		f.clock.installed(IoctlCopy)
 		return f.installed(pg, n, err, pagetable.Written, 0, FromZero), FromZero
 	}
@@ -264,9 +275,28 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 	if d != pagetable.Clean {
 		mode = 0
 	}
-	n, err := uffd.Copy(f.fd, pg, unsafe.Pointer(&buf[0]), ps, mode)
+	n, err := f.installUnlocked(e, pg, unsafe.Pointer(&buf[0]), mode)
 	f.clock.installed(IoctlCopy)
 	return f.installed(pg, n, err, d, e.Slot, src), src
+}
+
+// installUnlocked installs evicted page pg (entry e, its table locked) from src, with the table
+// unlocked across the ioctl, and returns with it locked again. The ioctl wakes the faulting
+// thread, which on its CPU runs at once, inside the ioctl, until it blocks again: held across
+// that, the lock would keep the evictor waiting for the program's next fault, and the unlock
+// that ends the wait would cost the fault path a wakeup of the evictor's thread.
+//
+// e is marked Fetching meanwhile, as for the read (readEvicted): the prefetcher passes it by,
+// the evictor cannot choose it (only Resident pages are victims), and the events that could
+// discard or move it are applied by this thread only, after. So e is still pg's evicted entry
+// when the lock is taken again, and the caller records the install as it would have under it.
+func (f *Fetcher) installUnlocked(e *pagetable.Entry, pg uint64, src unsafe.Pointer, mode uint64) (int64, error) {
+	e.Fetching = true
+	f.table.Unlock()
+	n, err := uffd.Copy(f.fd, pg, src, ps, mode)
+	f.table.Lock()
+	e.Fetching = false
+	return n, err
 }
 
 // readEvicted reads the copy of evicted page pg (entry e, its table locked) into buf. The table

@@ -172,7 +172,7 @@ func Run(o Options) (int, error) {
 		goruntime.LockOSThread()
 		// Born in a memory cgroup whose threshold says when to arm, the program costs the
 		// runtime no polling until then; where there is none, the runtime polls instead.
-		contained, _ := rt.ContainChildren()
+		contained, _ := rt.ContainChildren(cmd.SysProcAttr)
 		var err error
 		if parent != nil {
 			lifeline, err = startStatic(cmd, rt, sock, agents, parent, contained)
@@ -395,7 +395,11 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 			c.c.Close()
 			return
 		}
-		a := &agentConn{c: c}
+		a, err := newAgentConn(c)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "farmem: process %d: %v\n", m.Pid, err)
+			return
+		}
 		if m.B != 0 {
 			p.Table().Lock()
 			p.Table().Pin(m.B, m.B+m.C)

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -15,14 +16,13 @@ import (
 // margin of zero arms at once.
 func armMargin(capPages int64) int64 { return max(capPages/4, (32<<20)/PageSize) }
 
-// ContainChildren moves the calling thread, which must be locked to its OS thread, into a
-// memory cgroup of the run's own whose usage thresholds say when to arm and when the programs
-// near their cap (usageWatch), until started is called: the programs the thread starts
-// meanwhile are born in it. Without one (no cgroup v1 memory controller, no right to make a
-// cgroup) the run polls: the error says why, started is still to be called, and nothing else
-// changes.
-func (rt *Runtime) ContainChildren() (started func(), err error) {
-	w, err := newUsageWatch(rt.armPages*PageSize, rt.nearCapPages()*PageSize)
+// ContainChildren makes a memory cgroup of the run's own whose usage thresholds say when to arm
+// and when the programs near their cap (usageWatch): the program the calling thread, which must
+// be locked to its OS thread, starts with attr before it calls started is born in it. Without
+// one (no memory controller, no right to make a cgroup) the run polls: the error says why,
+// started is still to be called, and nothing else changes.
+func (rt *Runtime) ContainChildren(attr *syscall.SysProcAttr) (started func(), err error) {
+	w, err := newUsageWatch(attr, rt.armPages*PageSize, rt.nearCapPages()*PageSize)
 	if err != nil {
 		return func() {}, fmt.Errorf("watching the programs' memory: %w", err)
 	}

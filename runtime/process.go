@@ -261,6 +261,7 @@ func (p *Process) SetAgent(a Agent, tid int) {
 	p.agent = a
 	p.agentMu.Unlock()
 	p.agentTid.Store(int32(tid))
+	prioritizeAgent(tid) // without the privilege the agent is an ordinary thread: slower batches
 	if old != nil {
 		old.Close()
 	}

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # What `make test` needs beyond Go and gcc, installed or built once and then reused:
-#   - the programs the end-to-end tests run (Debian packages: redis, memcached, numpy, ...);
+#   - the programs the end-to-end tests run (Debian packages: redis, memcached, numpy, a JDK, node, ...);
 #   - Jaeger v2, the real OTLP receiver of the telemetry test (cmd/farmem/jaeger_test.go),
 #     built from its Go module into a cache outside the repository ($FARMEM_JAEGER).
 # The tests run as root (userfaultfd, /proc of other processes, memory cgroups), so this does
 # too; it says what is missing and fails otherwise. It prints nothing when all is in place.
 set -euo pipefail
 
-packages=(gcc make libc6-dev musl-tools redis-server redis-tools memcached bc jq iproute2 openssl python3 python3-numpy)
+packages=(gcc make libc6-dev musl-tools redis-server redis-tools memcached bc jq iproute2 openssl python3 python3-numpy
+  openjdk-17-jdk-headless nodejs)
 jaeger_version=v1.76.0
 jaeger=${FARMEM_JAEGER:-/var/cache/farmem-jaeger/jaeger-$jaeger_version}
 

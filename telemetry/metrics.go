@@ -15,7 +15,7 @@ import (
 	"github.com/farmem/farmem/runtime"
 )
 
-// latencyBounds are the fault-latency histogram's bucket bounds: from a round trip on one CPU
+// latencyBounds are the fault-duration histogram's bucket bounds: from a round trip on one CPU
 // (microseconds) through one across CPUs and a memory server's read (tens to a hundred) to the
 // faults that waited (milliseconds); docs/DESIGN.md, "Latency".
 var latencyBounds = []time.Duration{
@@ -38,19 +38,19 @@ func (s *source) attach(rt *runtime.Runtime) { s.rt.Store(rt) }
 
 var srcAttrs = func() (a [fetcher.NumSources]metric.MeasurementOption) {
 	for i := range a {
-		a[i] = metric.WithAttributes(attribute.String("source", sourceName[i]))
+		a[i] = metric.WithAttributes(attribute.String(attrFaultSource, sourceName[i]))
 	}
 	return a
 }()
 
 var srcSets = func() (a [fetcher.NumSources]attribute.Set) {
 	for i := range a {
-		a[i] = attribute.NewSet(attribute.String("source", sourceName[i]))
+		a[i] = attribute.NewSet(attribute.String(attrFaultSource, sourceName[i]))
 	}
 	return a
 }()
 
-// Produce implements sdkmetric.Producer: farmem.fault.latency, cumulative, by source.
+// Produce implements sdkmetric.Producer: farmem.fault.duration, cumulative, by source.
 func (s *source) Produce(context.Context) ([]metricdata.ScopeMetrics, error) {
 	rt := s.rt.Load()
 	if rt == nil {
@@ -75,7 +75,7 @@ func (s *source) Produce(context.Context) ([]metricdata.ScopeMetrics, error) {
 	return []metricdata.ScopeMetrics{{
 		Scope: instrumentation.Scope{Name: "github.com/farmem/farmem/telemetry"},
 		Metrics: []metricdata.Metrics{{
-			Name:        "farmem.fault.latency",
+			Name:        "farmem.fault.duration",
 			Description: "page-fault service time, from reading the fault message to the install (or wake) ioctl's return, by source",
 			Unit:        "s",
 			Data:        metricdata.Histogram[float64]{Temporality: metricdata.CumulativeTemporality, DataPoints: points},
@@ -84,14 +84,18 @@ func (s *source) Produce(context.Context) ([]metricdata.ScopeMetrics, error) {
 }
 
 // register makes the observable instruments; their callback reads the counters at collection.
+// Names follow OpenTelemetry's semantic conventions: a count of things is plural with the
+// thing as its unit ({fault}), an amount of memory is in bytes ("By": Prometheus names it
+// farmem_resident_bytes), a limit is NAME.limit, a flow both ways is NAME.io with a direction,
+// and every attribute is in farmem's namespace, named as the spans name it.
 func (s *source) register(m metric.Meter) error {
 	faults, err := m.Int64ObservableCounter("farmem.faults", metric.WithUnit("{fault}"),
 		metric.WithDescription("page faults served, by source (zero fill, backend, write-protect, prefetch cache)"))
 	if err != nil {
 		return err
 	}
-	evictions, err := m.Int64ObservableCounter("farmem.evictions", metric.WithUnit("{page}"),
-		metric.WithDescription("pages evicted, by outcome: written to the backend, dropped clean (its copy was current), zero (stored as nothing)"))
+	evictions, err := m.Int64ObservableCounter("farmem.eviction.pages", metric.WithUnit("{page}"),
+		metric.WithDescription("pages evicted, by outcome: written to the backend, clean_dropped (its copy was current), zero (stored as nothing)"))
 	if err != nil {
 		return err
 	}
@@ -99,44 +103,45 @@ func (s *source) register(m metric.Meter) error {
 	if err != nil {
 		return err
 	}
-	prefetches, err := m.Int64ObservableCounter("farmem.prefetches", metric.WithUnit("{page}"),
+	prefetches, err := m.Int64ObservableCounter("farmem.prefetch.pages", metric.WithUnit("{page}"),
 		metric.WithDescription("prefetched pages by stage: issued (predicted and queued), placed (installed or cached), used (the program touched them)"))
 	if err != nil {
 		return err
 	}
-	bytes, err := m.Int64ObservableCounter("farmem.backend.io", metric.WithUnit("By"),
-		metric.WithDescription("page bytes read from the backend (in: faults and prefetches) and written to it (out: evictions)"))
+	io, err := m.Int64ObservableCounter("farmem.backend.io", metric.WithUnit("By"),
+		metric.WithDescription("page bytes read from the backend (faults and prefetches) and written to it (evictions), by direction"))
 	if err != nil {
 		return err
 	}
-	resident, err := m.Int64ObservableGauge("farmem.resident.pages", metric.WithUnit("{page}"),
-		metric.WithDescription("pages resident in the program's registered memory, as farmem's page tables count them"))
+	resident, err := m.Int64ObservableGauge("farmem.resident", metric.WithUnit("By"),
+		metric.WithDescription("memory resident in the program's registered ranges, as farmem's page tables count it"))
 	if err != nil {
 		return err
 	}
-	capPages, err := m.Int64ObservableGauge("farmem.cap.pages", metric.WithUnit("{page}"), metric.WithDescription("the local-memory cap (--local-mem)"))
+	limit, err := m.Int64ObservableGauge("farmem.resident.limit", metric.WithUnit("By"), metric.WithDescription("the cap on resident memory (--local-mem)"))
 	if err != nil {
 		return err
 	}
-	stored, err := m.Int64ObservableGauge("farmem.backend.stored.pages", metric.WithUnit("{page}"), metric.WithDescription("pages held in the backend"))
+	stored, err := m.Int64ObservableGauge("farmem.backend.stored", metric.WithUnit("By"),
+		metric.WithDescription("memory the backend holds for the evicted pages (less than their size with --compress; one copy of each)"))
 	if err != nil {
 		return err
 	}
-	health, err := m.Int64ObservableGauge("farmem.backend.servers", metric.WithUnit("{server}"),
+	servers, err := m.Int64ObservableGauge("farmem.backend.server.count", metric.WithUnit("{server}"),
 		metric.WithDescription("backend servers by state (up, down); the embedded store counts as one server, always up"))
 	if err != nil {
 		return err
 	}
 	var (
-		written  = metric.WithAttributes(attribute.String("outcome", "written"))
-		dropped  = metric.WithAttributes(attribute.String("outcome", "clean_dropped"))
-		zero     = metric.WithAttributes(attribute.String("outcome", "zero"))
-		issued   = metric.WithAttributes(attribute.String("stage", "issued"))
-		placed   = metric.WithAttributes(attribute.String("stage", "placed"))
-		used     = metric.WithAttributes(attribute.String("stage", "used"))
-		in       = metric.WithAttributes(attribute.String("direction", "in"))
-		out      = metric.WithAttributes(attribute.String("direction", "out"))
-		up, down = metric.WithAttributes(attribute.String("state", "up")), metric.WithAttributes(attribute.String("state", "down"))
+		written  = metric.WithAttributes(attribute.String(attrEvictionOutcome, "written"))
+		dropped  = metric.WithAttributes(attribute.String(attrEvictionOutcome, "clean_dropped"))
+		zero     = metric.WithAttributes(attribute.String(attrEvictionOutcome, "zero"))
+		issued   = metric.WithAttributes(attribute.String(attrPrefetchStage, "issued"))
+		placed   = metric.WithAttributes(attribute.String(attrPrefetchStage, "placed"))
+		used     = metric.WithAttributes(attribute.String(attrPrefetchStage, "used"))
+		read     = metric.WithAttributes(attribute.String(attrIODirection, "read"))
+		write    = metric.WithAttributes(attribute.String(attrIODirection, "write"))
+		up, down = metric.WithAttributes(attribute.String(attrServerState, "up")), metric.WithAttributes(attribute.String(attrServerState, "down"))
 	)
 	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		rt := s.rt.Load()
@@ -154,19 +159,19 @@ func (s *source) register(m metric.Meter) error {
 		o.ObserveInt64(prefetches, st.PrefetchIssued.Load(), issued)
 		o.ObserveInt64(prefetches, st.PrefetchInstalled.Load(), placed)
 		o.ObserveInt64(prefetches, st.PrefetchUsed.Load(), used)
-		o.ObserveInt64(bytes, rt.BytesIn(), in)
-		o.ObserveInt64(bytes, rt.BytesOut(), out)
-		o.ObserveInt64(resident, rt.Resident())
-		o.ObserveInt64(capPages, rt.Config().CapPages)
+		o.ObserveInt64(io, rt.BytesIn(), read)
+		o.ObserveInt64(io, rt.BytesOut(), write)
+		o.ObserveInt64(resident, rt.Resident()*runtime.PageSize)
+		o.ObserveInt64(limit, rt.Config().CapPages*runtime.PageSize)
 		b := rt.Config().Backend
-		o.ObserveInt64(stored, int64(b.Stored()))
+		o.ObserveInt64(stored, b.StoredBytes())
 		u, n := 1, 1
 		if h, ok := b.(interface{ Health() (up, total int) }); ok {
 			u, n = h.Health()
 		}
-		o.ObserveInt64(health, int64(u), up)
-		o.ObserveInt64(health, int64(n-u), down)
+		o.ObserveInt64(servers, int64(u), up)
+		o.ObserveInt64(servers, int64(n-u), down)
 		return nil
-	}, faults, evictions, batches, prefetches, bytes, resident, capPages, stored, health)
+	}, faults, evictions, batches, prefetches, io, resident, limit, stored, servers)
 	return err
 }

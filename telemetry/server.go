@@ -54,9 +54,10 @@ func StartServer(ctx context.Context, cfg Config, advertise string, warn func(st
 	if err != nil {
 		return nil, err
 	}
-	// The client sampled the fault already (its trace flags say so); a context not sampled is
-	// not recorded here either, so a trace is whole or absent on both sides.
-	t.tp, err = newTracerProvider(ctx, &cfg, res, sdktrace.ParentBased(sdktrace.NeverSample()))
+	// The client sampled the fault already (its trace flags say so): unless OTEL_TRACES_SAMPLER
+	// says otherwise, a context not sampled is not recorded here either, so a trace is whole or
+	// absent on both sides.
+	t.tp, err = newTracerProvider(ctx, &cfg, res, cfg.sampler.sdk())
 	if err != nil {
 		return nil, err
 	}

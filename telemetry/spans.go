@@ -14,7 +14,7 @@ import (
 )
 
 // sourceName is how spans and metrics name a fault's source.
-var sourceName = [fetcher.NumSources]string{fetcher.FromZero: "zero", fetcher.FromBackend: "backend", fetcher.FromWP: "wp", fetcher.FromCache: "prefetch-cache"}
+var sourceName = [fetcher.NumSources]string{fetcher.FromZero: "zero", fetcher.FromBackend: "backend", fetcher.FromWP: "wp", fetcher.FromCache: "prefetch_cache"}
 
 var kindName = [...]string{fetcher.KindRead: "read", fetcher.KindWrite: "write", fetcher.KindWP: "wp"}
 
@@ -145,13 +145,13 @@ func (w *spanWorker) fault(f *fetcher.FaultRecord) {
 	}
 	ctx, sp := w.tr.Start(root, "page fault", trace.WithTimestamp(f.Read), trace.WithNewRoot(),
 		trace.WithAttributes(
-			attribute.Int("process.pid", f.Pid),
+			attribute.Int(attrProcessPID, f.Pid),
 			attribute.String("farmem.page.address", fmt.Sprintf("%#x", f.Addr)),
-			attribute.String("farmem.fault.kind", kindName[f.Kind]),
-			attribute.String("farmem.fault.source", sourceName[f.Source]),
+			attribute.String(attrFaultKind, kindName[f.Kind]),
+			attribute.String(attrFaultSource, sourceName[f.Source]),
 			attribute.Int("farmem.fault.pages", f.Pages),
 			attribute.Bool("farmem.fault.waited", f.Waited),
-			attribute.String("farmem.sampled", sampled),
+			attribute.String("farmem.fault.sampled", sampled),
 		))
 	at := f.Read
 	prev := time.Duration(0)
@@ -206,7 +206,7 @@ func (w *spanWorker) fault(f *fetcher.FaultRecord) {
 
 func (w *spanWorker) prefetch(r *fetcher.PrefetchRecord) {
 	opts := []trace.SpanStartOption{trace.WithTimestamp(r.Start), trace.WithNewRoot(), trace.WithAttributes(
-		attribute.Int("process.pid", r.Pid),
+		attribute.Int(attrProcessPID, r.Pid),
 		attribute.String("farmem.prefetch.trigger", fmt.Sprintf("%#x", r.Trigger)),
 		attribute.Int("farmem.prefetch.pages", r.Pages),
 		attribute.Int("farmem.prefetch.placed", r.Delivered),
@@ -225,13 +225,13 @@ func (w *spanWorker) prefetch(r *fetcher.PrefetchRecord) {
 
 func (w *spanWorker) evict(r *evictor.BatchRecord) {
 	opts := []trace.SpanStartOption{trace.WithTimestamp(r.Start), trace.WithNewRoot(), trace.WithAttributes(
-		attribute.Int("process.pid", r.Pid),
-		attribute.Int("farmem.evict.victims", r.Victims),
-		attribute.Int("farmem.evict.written", r.Written),
-		attribute.Int("farmem.evict.clean_dropped", r.Dropped),
-		attribute.Int("farmem.evict.zero", r.Zero),
-		attribute.Int("farmem.evict.runs", r.Runs),
-		attribute.Int("farmem.evict.moved", r.Staged),
+		attribute.Int(attrProcessPID, r.Pid),
+		attribute.Int("farmem.eviction.victims", r.Victims),
+		attribute.Int("farmem.eviction.written", r.Written),
+		attribute.Int("farmem.eviction.clean_dropped", r.Dropped),
+		attribute.Int("farmem.eviction.zero", r.Zero),
+		attribute.Int("farmem.eviction.runs", r.Runs),
+		attribute.Int("farmem.eviction.moved", r.Staged),
 	)}
 	if w.lastWaited.IsValid() {
 		// The last traced fault that had to wait: this batch is what made room for it.

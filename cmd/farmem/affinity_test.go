@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // affinityProg touches 64 MiB twice from its main thread (about 32k faults at a 16 MiB cap:
@@ -67,5 +69,72 @@ func TestFaultingThreadPinnedNotWhatItStarts(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("%s holds %s CPUs, want %s (output:\n%s)", k, got[k], v, out)
 		}
+	}
+}
+
+// agentSchedProg reports the scheduling policy of each of its threads, then of a fork child's:
+// under farmem, the shim's agent thread is among them.
+const agentSchedProg = `
+import os, threading
+a = bytearray(32 << 20)
+for i in range(0, len(a), 4096):
+    a[i] = 1
+def report(who):
+    for tid in sorted(os.listdir("/proc/self/task")):
+        print(who, tid == str(os.getpid()), os.sched_getscheduler(int(tid)), flush=True)
+ev = threading.Event()
+t = threading.Thread(target=ev.wait); t.start()
+report("parent")
+ev.set(); t.join()
+pid = os.fork()
+if pid == 0:
+    b = bytearray(8 << 20)
+    for i in range(0, len(b), 4096):
+        b[i] = 1
+    report("child")
+    os._exit(0)
+os.waitpid(pid, 0)
+`
+
+// The agent thread farmem puts in each process runs SCHED_FIFO, so that a batch's move and drop
+// do not wait for the program's time slice; the program's own threads, a fork child's among
+// them, keep their policy.
+func TestAgentRunsRealtimeProgramDoesNot(t *testing.T) {
+	py := need(t, "python3")
+	script := filepath.Join(t.TempDir(), "sched.py")
+	if err := os.WriteFile(script, []byte(agentSchedProg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", py, script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, out)
+	}
+	count := map[string]map[string]int{"parent": {}, "child": {}}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 3 || count[f[0]] == nil {
+			continue
+		}
+		policy, err := strconv.Atoi(f[2])
+		if err != nil {
+			t.Fatalf("policy %q: %v", f[2], err)
+		}
+		policy &^= unix.SCHED_RESET_ON_FORK
+		switch {
+		case policy == unix.SCHED_FIFO && f[1] == "False":
+			count[f[0]]["agent"]++
+		case policy == unix.SCHED_NORMAL:
+			count[f[0]]["program"]++
+		default:
+			t.Errorf("thread with policy %s (main thread: %s) in %s", f[2], f[1], f[0])
+		}
+	}
+	// The parent: its main thread, the one it started, and the agent; the child: its main
+	// thread and its own agent.
+	if p := count["parent"]; p["agent"] != 1 || p["program"] != 2 {
+		t.Errorf("parent: %d SCHED_FIFO threads (want 1, the agent), %d SCHED_OTHER (want 2)\n%s", p["agent"], p["program"], out)
+	}
+	if c := count["child"]; c["agent"] != 1 || c["program"] != 1 {
+		t.Errorf("fork child: %d SCHED_FIFO threads (want 1, its agent), %d SCHED_OTHER (want 1)\n%s", c["agent"], c["program"], out)
 	}
 }

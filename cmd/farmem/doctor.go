@@ -114,13 +114,7 @@ func doctor() []check {
 	} else {
 		out = append(out, check{checkDegraded, "process_madvise on itself", fmt.Sprintf("%v (before Linux 6.13): the agent drops a run at a time", err)})
 	}
-	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
-		out = append(out, check{checkDegraded, "memory cgroup", "cgroup v2 only: not yet used; a run polls its programs' memory to know when to arm, which costs a little throughput"})
-	} else if err := runtime.CheckUsageWatch(); err != nil {
-		out = append(out, check{checkDegraded, "memory cgroup", fmt.Sprintf("cannot make a cgroup v1 memory cgroup (%v): a run polls its programs' memory to know when to arm", err)})
-	} else {
-		out = append(out, check{checkOK, "memory cgroup", "cgroup v1: a run's programs are born in a memory cgroup of its own, whose thresholds say when to arm, and whose peak the summary gives"})
-	}
+	out = append(out, memcgCheck())
 	if hasCapability(21) { // CAP_SYS_ADMIN
 		out = append(out, check{checkOK, "seccomp user notification", "the mapping filter hands farmem glibc's internal mmap and brk calls"})
 	} else {
@@ -137,6 +131,22 @@ func doctor() []check {
 	out = append(out, check{checkOK, "transports", detail})
 	out = append(out, check{checkDegraded, "statically linked programs", "not served: farmem reaches a program through LD_PRELOAD, which a static binary ignores (farmem run refuses one, exit 126)"})
 	return out
+}
+
+// memcgCheck says which cgroup version a run's memory cgroup would use here and how, or why a
+// run polls instead.
+func memcgCheck() check {
+	const polls = "a run polls its programs' memory to know when to arm, which costs a little throughput, and the summary has no cgroup peak"
+	v, how, err := runtime.CheckUsageWatch()
+	switch {
+	case v == 0:
+		return check{checkDegraded, "memory cgroup", fmt.Sprintf("%v: %s", err, polls)}
+	case err != nil:
+		return check{checkDegraded, "memory cgroup", fmt.Sprintf("cgroup v%d, but %v: %s", v, err, polls)}
+	case v == 1:
+		return check{checkOK, "memory cgroup", "cgroup v1: a run's programs are born in a memory cgroup of its own, whose usage thresholds say when to arm, and whose peak the summary gives"}
+	}
+	return check{checkOK, "memory cgroup", "cgroup v2: a run's programs are born (clone3) in a memory cgroup of its own, whose memory.high, set at the arming level and lifted when crossed, says when to arm, and whose memory.peak the summary gives; " + how}
 }
 
 // selfMadvise makes a process_madvise(MADV_DONTNEED) of a page of its own, as the agent does.

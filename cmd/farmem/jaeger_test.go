@@ -50,12 +50,17 @@ type jaegerTrace struct {
 	} `json:"spans"`
 	Processes map[string]struct {
 		ServiceName string `json:"serviceName"`
+		Tags        []struct {
+			Key   string `json:"key"`
+			Value any    `json:"value"`
+		} `json:"tags"`
 	} `json:"processes"`
 }
 
 // A real receiver: Jaeger v2 (all-in-one, in-memory storage) on loopback gets the traces of a
-// capped redis-server run over OTLP/gRPC, and its query API returns fault spans of service
-// farmem, with their attributes and stages.
+// capped redis-server run over OTLP, by the default protocol (http/protobuf: Jaeger listens for
+// nothing else here), and its query API returns fault spans of service farmem, with their
+// attributes and stages, the program's pid on them and farmem's on the resource.
 func TestJaegerReceivesRedisFaultSpans(t *testing.T) {
 	jaeger := jaegerBin(t)
 	need(t, "redis-server")
@@ -89,7 +94,7 @@ extensions:
 receivers:
   otlp:
     protocols:
-      grpc:
+      http:
         endpoint: 127.0.0.1:%d
 processors:
   batch:
@@ -201,6 +206,13 @@ exporters:
 					faults++
 					if tags["process.pid"] == "" || !strings.HasPrefix(tags["farmem.page.address"], "0x") || tags["farmem.fault.kind"] == "" {
 						t.Fatalf("fault span without its attributes: %v", tags)
+					}
+					res := map[string]string{}
+					for _, tg := range tr.Processes[sp.ProcessID].Tags {
+						res[tg.Key] = fmt.Sprint(tg.Value)
+					}
+					if res["process.pid"] != strconv.Itoa(cmd.Process.Pid) || tags["process.pid"] == res["process.pid"] {
+						t.Fatalf("fault span's process.pid %s, its resource's %s: want the program's and farmem's (%d)", tags["process.pid"], res["process.pid"], cmd.Process.Pid)
 					}
 					if tags["farmem.fault.source"] == "backend" {
 						backend++

@@ -139,10 +139,13 @@ func runCommand() *cli.Command {
 		Description: "SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1/2 are forwarded to the program. If farmem cannot\n" +
 			"serve a page (it crashed, the backend lost it), the program is stopped: it never reads zeros\n" +
 			"in its place.\n\n" +
-			"Where it can (root, cgroup v1), farmem starts the program in a memory cgroup of its own\n" +
-			"(farmem-PID, inside farmem's cgroup, removed at exit). It sets no limit there: its usage\n" +
-			"thresholds only tell farmem when the program nears the cap, so that farmem need not poll.\n\n" +
-			exitCodesHelp,
+			"Where it can (root; cgroup v1, or v2 with farmem alone in its cgroup or in the root), farmem\n" +
+			"starts the program in a memory cgroup of its own (farmem-PID, inside farmem's cgroup, removed\n" +
+			"at exit; on v2 farmem moves itself into farmem-PID.self beside it meanwhile). It sets no\n" +
+			"limit there: its usage thresholds (on v2 memory.high, lifted as soon as it is crossed) only\n" +
+			"tell farmem when the program nears the cap, so that farmem need not poll. farmem doctor says\n" +
+			"what it does here.\n\n" +
+			exitCodesHelp + "\n\n" + otelEnvHelp,
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the program's resident anonymous memory, at least 16MiB; required. SIZE: 512m or\n\t512MiB (k, m, g, t and KiB, MiB... are 1024-based, as docker and systemd read them), 800MB (KB,\n\tMB... are 1000-based), a byte count, or 25% (of the machine's memory: MemTotal). kb, mb... are\n\trefused as ambiguous (docker reads 512mb as 512MiB, SI as 512MB)"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd. Compression makes the cap save\n\tthe machine's memory too, at a cost: at a 25% cap redis ran 0.91-1.04x as fast with lz4 and\n\t0.74-0.76x with zstd as with none (results/redis.md, measured before the pinning: stale)"},

@@ -30,6 +30,8 @@ func memserverCommand() *cli.Command {
 			"\"memserver read\" or \"memserver write\" (service farmem-memserver; OTEL_SERVICE_NAME overrides\n" +
 			"it), a child of the client's \"backend fetch\" span in the client's trace: one trace shows both\n" +
 			"sides. shm and rdma reads make no request to this server, so they have no server span.\n" +
+			"The OTEL_* variables are read as farmem run reads them (farmem help run); OTEL_TRACES_SAMPLER,\n" +
+			"if set, decides here too (unset: a request is traced exactly when the client traced its fault).\n" +
 			"Runs until SIGINT or SIGTERM.",
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:7070", Usage: "HOST:PORT clients connect to"},
@@ -117,11 +119,7 @@ func memserverCommand() *cli.Command {
 				logf("farmem memserver: clients on this host may map their slabs through %s", shm.Addr())
 			}
 			if tel != nil {
-				to := tcfg.Endpoint
-				if to == "" {
-					to = "the OTEL_EXPORTER_OTLP_* endpoint"
-				}
-				logf("farmem memserver: a span of each traced request goes to %s over OTLP (%s)", to, tcfg.Protocol)
+				logf("farmem memserver: a span of each traced request goes to %s", tcfg.TracesTo())
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()

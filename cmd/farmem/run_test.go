@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/farmem/farmem/launcher"
+	"github.com/farmem/farmem/runtime"
 )
 
 var binDir = func() string { d, _ := filepath.Abs("../../bin"); return d }()
@@ -119,7 +120,7 @@ const capSlack = 4 << 20
 
 // checkCap fails the test if the run took more than the cap and capSlack: by the kernel's exact
 // peak of the run's memory cgroup, which every process of the run is born in (farmem's summary
-// gives it when the machine has a cgroup v1 memory controller), and by every process's peak
+// gives it when the run had a memory cgroup of its own), and by every process's peak
 // RssAnon as sampled (peaks). The cgroup's count includes page cache, which nothing caps without
 // memory pressure: a program that writes files (redis's BGSAVE) is checked with
 // checkSampledCap instead.
@@ -135,7 +136,7 @@ func checkCap(t *testing.T, s *launcher.Summary, peaks map[int]int64, capBytes i
 func cgroupPeak(t *testing.T, s *launcher.Summary, capBytes int64) (bytes int64, ok bool) {
 	t.Helper()
 	if s.CgroupPeakBytes == nil {
-		t.Logf("no memory cgroup peak in the summary (no cgroup v1 memory controller): only RssAnon samples")
+		t.Logf("no memory cgroup peak in the summary (no memory cgroup of the run's own, or no memory.peak): only RssAnon samples")
 		return 0, false
 	}
 	t.Logf("the run's memory cgroup peaked at %.1f MiB (cap %d MiB)", float64(*s.CgroupPeakBytes)/(1<<20), capBytes>>20)
@@ -283,9 +284,9 @@ func TestTortureBelowCapNeverArms(t *testing.T) {
 }
 
 // canWatchArming reports whether farmem can put the program in a memory cgroup of its own
-// (runtime.usageWatch): root, and a cgroup v1 memory controller.
+// (runtime.usageWatch): root, and a memory controller it may use, as farmem doctor checks.
 func canWatchArming() bool {
-	_, err := os.Stat("/sys/fs/cgroup/memory/cgroup.event_control")
+	_, _, err := runtime.CheckUsageWatch()
 	return err == nil && os.Geteuid() == 0
 }
 

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,43 +26,14 @@ import (
 // Every fault traced (--trace-sample 1) over tcp: the memory server's "memserver read" spans
 // (service farmem-memserver) are children of farmem's "backend fetch" spans (service farmem),
 // in the same traces, under their "page fault" spans; and the fetch span names the server that
-// answered.
+// answered. Both export by the default protocol, http/protobuf.
 func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 	if err := checkUserfaultfd(); err != nil {
 		t.Skip(err)
 	}
-	for _, kv := range os.Environ() { // a developer's OTEL_* must not redirect or rename the spans
-		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "OTEL_") {
-			t.Setenv(k, "")
-		}
-	}
-	sinkAddr, sink := startGRPCSink(t)
-	dir := t.TempDir()
-	tok := writeToken(t, dir, "the-right-cluster-token-0123456789")
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	startLogged(t, "ctrl", farmemBin(t), "ctrl", "--listen", addr, "--state", filepath.Join(dir, "ctrl"), "--token-file", tok, "--slab-size", "4MiB")
-	dialRetry(t, mustPort(t, addr)).Close()
-	mem := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	_, memLog := startLogged(t, "memserver", farmemBin(t), "memserver", "--listen", mem, "--capacity", "256MiB", "--ctrl", addr,
-		"--token-file", tok, "--otlp", sinkAddr)
-	tk, err := fabric.LoadToken(tok)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		st, _ := ctrl.NewClient(addr, tk).Status(ctx)
-		cancel()
-		if len(st.Servers) == 1 && st.Servers[0].Healthy {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the memory server never came up: %+v", st)
-		}
-	}
-	if !strings.Contains(memLog.String(), "a span of each traced request goes to "+sinkAddr) {
-		t.Errorf("the memory server does not say where its spans go:\n%s", memLog.String())
-	}
+	clearOTelEnv(t)
+	sinkAddr, sink := startHTTPSink(t)
+	addr, tok, mem, _ := startTracedCluster(t, sinkAddr)
 
 	args, summary := summarized(t, []string{"run", "--ctrl", addr, "--token-file", tok, "--otlp", sinkAddr, "--trace-sample", "1",
 		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "64", "--pattern", "random", "--passes", "1"})
@@ -69,7 +41,7 @@ func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 	cmd.Env = cleanEnv()
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	err = cmd.Run()
+	err := cmd.Run()
 	t.Logf("farmem run:\n%s", lastLines(out.String(), 8))
 	if err != nil || !strings.Contains(out.String(), "micro: OK bad=0") {
 		t.Fatalf("micro under farmem over tcp failed: %v", err)
@@ -145,6 +117,87 @@ func TestMemserverSpansJoinFaultTrace(t *testing.T) {
 	}
 }
 
+// startTracedCluster starts a ctrl and one memory server exporting its spans to sinkAddr, with
+// the test's environment (OTEL_* set by the caller), and waits for the server to be up. It
+// returns the ctrl's address, the token file, the memory server's address and its process.
+func startTracedCluster(t *testing.T, sinkAddr string) (addr, tok, mem string, server *exec.Cmd) {
+	t.Helper()
+	dir := t.TempDir()
+	tok = writeToken(t, dir, "the-right-cluster-token-0123456789")
+	addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	startLogged(t, "ctrl", farmemBin(t), "ctrl", "--listen", addr, "--state", filepath.Join(dir, "ctrl"), "--token-file", tok, "--slab-size", "4MiB")
+	dialRetry(t, mustPort(t, addr)).Close()
+	mem = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	server, memLog := startLogged(t, "memserver", farmemBin(t), "memserver", "--listen", mem, "--capacity", "256MiB", "--ctrl", addr,
+		"--token-file", tok, "--otlp", sinkAddr)
+	tk, err := fabric.LoadToken(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, _ := ctrl.NewClient(addr, tk).Status(ctx)
+		cancel()
+		if len(st.Servers) == 1 && st.Servers[0].Healthy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the memory server never came up: %+v", st)
+		}
+	}
+	if want := "a span of each traced request goes to " + sinkAddr + " over OTLP (http/protobuf)"; !strings.Contains(memLog.String(), want) {
+		t.Errorf("the memory server does not say where its spans go (%q):\n%s", want, memLog.String())
+	}
+	return addr, tok, mem, server
+}
+
+// clearOTelEnv unsets every OTEL_* variable for the test: a developer's must not redirect or
+// rename the spans of the processes the test starts with its environment.
+func clearOTelEnv(t *testing.T) {
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "OTEL_") {
+			t.Setenv(k, "")
+		}
+	}
+}
+
+// OTEL_TRACES_SAMPLER=always_off on a memory server: it exports no span, though every fault of
+// the client is traced (and its read carries a sampled context).
+func TestMemserverSamplerOff(t *testing.T) {
+	if err := checkUserfaultfd(); err != nil {
+		t.Skip(err)
+	}
+	clearOTelEnv(t)
+	t.Setenv("OTEL_TRACES_SAMPLER", "always_off")
+	sinkAddr, sink := startHTTPSink(t)
+	addr, tok, _, memserver := startTracedCluster(t, sinkAddr)
+	cmd := exec.Command(farmemBin(t), "run", "--ctrl", addr, "--token-file", tok, "--otlp", sinkAddr, "--trace-sample", "1",
+		"--local-mem", "16MiB", "--", filepath.Join(binDir, "micro"), "--mib", "48", "--pattern", "random", "--passes", "1")
+	cmd.Env = cleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "micro: OK bad=0") {
+		t.Fatalf("micro under farmem over tcp failed: %v\n%s", err, lastLines(string(out), 8))
+	}
+	// A memory server stopped by SIGTERM exports every span it made before it exits.
+	memserver.Process.Signal(syscall.SIGTERM)
+	if err := memserver.Wait(); err != nil {
+		t.Fatalf("the memory server on SIGTERM: %v", err)
+	}
+	var fetches, server int
+	for _, sp := range sink.spans() {
+		switch {
+		case sp.res["service.name"] == "farmem-memserver":
+			server++
+		case sp.Name == "backend fetch":
+			fetches++
+		}
+	}
+	t.Logf("farmem's backend fetch spans %d; the memory server's spans %d", fetches, server)
+	if fetches == 0 || server != 0 {
+		t.Fatalf("OTEL_TRACES_SAMPLER=always_off on the memory server: %d of its spans (want none) beside %d backend fetch spans of farmem's", server, fetches)
+	}
+}
+
 // joinedReads counts the memory server's read spans whose parent is one of farmem's backend
 // fetch spans, in the same trace, itself the child of a page fault span; why says what was
 // missing when none is.
@@ -196,7 +249,7 @@ func TestMemserverOTLPBadInput(t *testing.T) {
 		want string
 	}{
 		{[]string{"--otlp", "localhost"}, `--otlp "localhost": give HOST:PORT`},
-		{[]string{"--otlp", "127.0.0.1:4317", "--otlp-protocol", "thrift"}, `OTLP protocol "thrift": give grpc or http/protobuf`},
+		{[]string{"--otlp", "127.0.0.1:4317", "--otlp-protocol", "thrift"}, `--otlp-protocol "thrift": give grpc or http/protobuf`},
 		{[]string{"--otlp", ""}, "--otlp is empty"},
 	} {
 		args := append([]string{"memserver", "--ctrl", "127.0.0.1:1", "--token-file", tok, "--capacity", "64MiB",

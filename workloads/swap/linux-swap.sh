@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # linux-swap.sh: the Linux-swap baseline of farmem's benchmarks (issue 6). It runs a program the
-# way a user without farmem would cap it: in a memory cgroup (v1, memory.limit_in_bytes) with
-# swap on, to zram (compressed RAM, built into this kernel) or to a swap file on the root disk.
+# way a user without farmem would cap it: in a memory cgroup (cgroup v1: memory.limit_in_bytes;
+# v2: memory.max, with memory.swap.max unbounded as v1's swap is) with swap on, to zram (compressed RAM, built into this kernel) or to a swap file on the root disk.
 # As root. Every subcommand is a small step a harness can call; `run` does them all for one
 # command and tears down on any exit, failure or signal.
 #
@@ -9,10 +9,13 @@
 #                                    $SWAPFILE (MIB, fallocate then mkswap), and nothing else:
 #                                    refuses if any other swap is active (it would mix devices)
 #   linux-swap.sh cgroup NAME LIMIT  (re)create the memory cgroup farmem-swap-NAME with
-#                                    memory.limit_in_bytes LIMIT bytes (0: no limit)
+#                                    memory.limit_in_bytes (v2: memory.max) LIMIT bytes (0: no
+#                                    limit)
 #   linux-swap.sh exec NAME CMD...   move this shell into the cgroup, then exec CMD (so CMD and
 #                                    every child it forks are charged there from the start)
-#   linux-swap.sh stats NAME         the cgroup's counters, key=value on one line
+#   linux-swap.sh stats NAME         the cgroup's counters, key=value on one line (the same keys
+#                                    on v1 and v2, but v2 has no kernel-memory peak: no
+#                                    kmem_max_bytes)
 #   linux-swap.sh rmcgroup NAME      remove the cgroup (its processes must have exited)
 #   linux-swap.sh off                undo everything this script may have set up: swapoff the
 #                                    zram device and the swap file, reset zram, remove the file
@@ -29,10 +32,19 @@
 # (`stats` says kmem_max_bytes): page cache is reclaimed before anonymous memory is swapped, so
 # whatever more the cgroup gets goes to anonymous memory (bin/farmem-bench does: see its report).
 #
+# Cgroup v2 (where /sys/fs/cgroup is a cgroup2 mount; else v1's /sys/fs/cgroup/memory) counts the
+# same and reclaims the same way, with two differences: the cgroup is a child of the root, whose
+# cgroup.subtree_control must enable memory (this script enables it if not), and v2 has no
+# per-cgroup swappiness, so the machine's vm.swappiness holds (`cgroup` warns unless it is 60).
+#
 # Env: SWAPFILE (default /var/tmp/farmem-swapfile), ZRAM (default zram0), ZRAM_ALG (lz4).
 set -euo pipefail
 
-CG=/sys/fs/cgroup/memory
+if grep -q '^[^ ]* /sys/fs/cgroup cgroup2 ' /proc/mounts; then
+  V=2 CG=/sys/fs/cgroup
+else
+  V=1 CG=/sys/fs/cgroup/memory
+fi
 SWAPFILE=${SWAPFILE:-/var/tmp/farmem-swapfile}
 ZRAM=${ZRAM:-zram0}
 ZRAM_ALG=${ZRAM_ALG:-lz4}
@@ -52,7 +64,11 @@ swap_on() {
   local kind=$1 mib=$2
   case $mib in '' | *[!0-9]*) die "bad size '$mib' (MiB)" ;; esac
   [ "$mib" -ge 1 ] || die "size must be at least 1 MiB"
-  [ -d $CG ] || die "no cgroup v1 memory controller at $CG"
+  if [ $V = 1 ]; then
+    [ -d $CG ] || die "no cgroup v1 memory controller at $CG, and /sys/fs/cgroup is not cgroup v2"
+  else
+    grep -qw memory $CG/cgroup.controllers || die "cgroup v2 at $CG has no memory controller"
+  fi
   local a; a=$(active)
   [ -z "$a" ] || die "swap is already active ($(echo $a)): refusing to mix devices; 'linux-swap.sh off' removes ours"
   case $kind in
@@ -107,6 +123,10 @@ cgroup_make() {
   local limit=$2
   case $limit in '' | *[!0-9]*) die "bad limit '$limit' (bytes)" ;; esac
   [ ! -d "$d" ] || rmdir "$d" || die "$d exists and cannot be removed (a process still in it?)"
+  if [ $V = 2 ]; then
+    cgroup2_make "$d" "$limit"
+    return
+  fi
   mkdir "$d"
   # v1 charges nested cgroups to their parent; our parent is the root, with no limit.
   if [ "$limit" -gt 0 ]; then
@@ -120,9 +140,41 @@ cgroup_make() {
   echo 60 >"$d/memory.swappiness"
 }
 
+# cgroup2_make DIR LIMIT: cgroup_make on cgroup v2.
+cgroup2_make() {
+  local d=$1 limit=$2
+  # The root may hold processes and enable controllers for its children at once (no other
+  # cgroup may); systemd enables memory there at boot, a bare init does not.
+  grep -qw memory $CG/cgroup.subtree_control || echo +memory >$CG/cgroup.subtree_control
+  mkdir "$d"
+  if [ "$limit" -gt 0 ]; then
+    echo "$limit" >"$d/memory.max"
+    local got; got=$(cat "$d/memory.max")
+    [ "$got" != max ] && [ "$got" -le "$limit" ] && [ "$got" -gt $((limit - 4096)) ] || die "memory.max is $got, wanted $limit"
+  fi
+  # As v1's limit: memory only, swap as much as the device holds (the default, stated).
+  echo max >"$d/memory.swap.max"
+  local sw; sw=$(cat /proc/sys/vm/swappiness)
+  [ "$sw" = 60 ] || echo "linux-swap.sh: vm.swappiness is $sw, not the default 60 that v1's runs set per cgroup (v2 has no per-cgroup swappiness)" >&2
+}
+
+# key N: the value of key in a flat-keyed cgroup file (memory.stat, memory.events) on stdin.
+key() { awk -v k="$1" '$1 == k {print $2; f = 1} END {if (!f) print 0}'; }
+
 stats() {
   local d; d=$(cgdir "$1")
   [ -d "$d" ] || die "no cgroup $d"
+  if [ $V = 2 ]; then
+    # memory.peak is Linux 5.19's; memory.events' max counts the charges that hit the limit,
+    # as v1's failcnt; no kernel-memory peak (memory.stat's kernel is the current amount).
+    [ -r "$d/memory.peak" ] || die "no $d/memory.peak (Linux 5.19 and later)"
+    local s; s=$(cat "$d/memory.stat")
+    echo "max_usage_bytes=$(cat "$d/memory.peak") failcnt=$(key max <"$d/memory.events")" \
+      "rss=$(echo "$s" | key anon) cache=$(echo "$s" | key file) swap=$(cat "$d/memory.swap.current")" \
+      "pgmajfault=$(echo "$s" | key pgmajfault) pgfault=$(echo "$s" | key pgfault)" \
+      "oom_kills=$(key oom_kill <"$d/memory.events") kernel_bytes=$(echo "$s" | key kernel)"
+    return
+  fi
   local out="max_usage_bytes=$(cat "$d/memory.max_usage_in_bytes") failcnt=$(cat "$d/memory.failcnt")"
   out="$out $(awk '$1 ~ /^total_(rss|cache|swap|pgmajfault|pgfault|pgpgin|pgpgout)$/ {sub(/^total_/, "", $1); printf "%s=%s ", $1, $2}' "$d/memory.stat")"
   out="$out oom_kills=$(awk '$1 == "oom_kill" {print $2}' "$d/memory.oom_control")"

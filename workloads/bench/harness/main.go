@@ -5,8 +5,10 @@
 // rounds interleaved so that machine drift hits every configuration alike. The micro workloads
 // also run under bin/floorpager (configuration floor: a minimal userfaultfd pager, the floor
 // farmem's throughput and eviction stages are set against; workloads/floor). Every run's data is
-// verified (micro checks every page, redisdrive every value, pagerank's checksum must equal the
-// native run's). It writes a markdown report, a CSV of every run and PNG plots.
+// verified (micro checks every page, redisdrive every value, the checksums of pagerank, numpy,
+// the JVM's and node's workloads must equal the native run's). It writes a markdown report, a
+// CSV of every run and PNG plots. The managed runtimes (a JVM under G1 and under Parallel GC,
+// node) and what they measure: runtimes.go.
 //
 // It lives in its own Go module (workloads/bench/harness/go.mod) so that the plotting
 // library's dependencies stay out of farmem's.
@@ -45,6 +47,9 @@ type workload struct {
 	getRatio    float64
 	keys, ops   int
 	metric      string // what its throughput counts
+	// digest: a batch program that prints a checksum; its group 1 is the checksum, which must
+	// equal the native run's (nil: the program's own OK line is the check).
+	digest *regexp.Regexp
 }
 
 // A config is one way of running a workload at one cap.
@@ -142,11 +147,12 @@ type harness struct {
 	preamble, rendered string
 	latSrcs            map[string][]string
 	cmdCells           map[string]string // each workload's command cell in the run's workloads table
+	runtimeVer         map[string]string // the java and node that ran, by binary (runtimes.go)
 }
 
 func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
-	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf and numpy-matmul are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul")
+	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf, numpy-matmul, jvm-* and node are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul, jvm-g1, jvm-parallel (a 400 MiB heap at scale 1), node (about 330 MiB)")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
 	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads only)")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
@@ -242,12 +248,20 @@ func workloads(names []string, s float64) ([]workload, error) {
 		case "numpy-matmul":
 			// Debian's numpy over its default (reference) BLAS: slow, hence a small N.
 			r = append(r, workload{name: n, title: "numpy matmul", metric: "GFLOP/s (2 multiplications)",
-				args: []string{"/usr/bin/python3", "workloads/numpy/matmul.py", "--mib", strconv.Itoa(scaled(24, s, 4)), "--reps", "2"}})
+				args:   []string{"/usr/bin/python3", "workloads/numpy/matmul.py", "--mib", strconv.Itoa(scaled(24, s, 4)), "--reps", "2"},
+				digest: regexp.MustCompile(`(?m)^matmul: OK n=\d+ checksum=([0-9a-f:]+) `)})
 		case "pagerank":
 			// 3 iterations, not pagerank's 10: each capped iteration re-reads the whole graph,
 			// and 3 already show the steady state (the throughput counts the iterations only).
 			r = append(r, workload{name: n, title: "pagerank", metric: "edges/s (3 iterations)",
-				args: []string{"bin/pagerank", "--mib", strconv.Itoa(pr), "--iters", "3"}})
+				args:   []string{"bin/pagerank", "--mib", strconv.Itoa(pr), "--iters", "3"},
+				digest: regexp.MustCompile(`(?m)^pagerank: OK checksum=([0-9a-f:]+) `)})
+		case "jvm-g1":
+			r = append(r, jvmWorkload(n, "G1", s))
+		case "jvm-parallel":
+			r = append(r, jvmWorkload(n, "Parallel", s))
+		case "node":
+			r = append(r, nodeWorkload(s))
 		default:
 			return nil, fmt.Errorf("unknown workload %q", n)
 		}
@@ -319,6 +333,10 @@ func (h *harness) main(rounds int, wlNames, capNames, cfgNames []string, nopagin
 			}
 		}
 	}
+	if err := prepareRuntimes(wls); err != nil {
+		return err
+	}
+	h.runtimeVer = runtimeVersions(wls)
 	if h.work, err = os.MkdirTemp("", "farmem-bench-swap."); err != nil {
 		return err
 	}
@@ -459,8 +477,8 @@ func (h *harness) reference(w workload) error {
 	if res.timeout {
 		return fmt.Errorf("%s natively: took more than 30 minutes", w.name)
 	}
-	if w.name == "pagerank" || w.name == "numpy-matmul" {
-		m := regexp.MustCompile(`(?m)^(?:pagerank|matmul): OK (?:n=\d+ )?checksum=([0-9a-f:]+) `).FindStringSubmatch(out)
+	if w.digest != nil {
+		m := w.digest.FindStringSubmatch(out)
 		if m == nil {
 			return fmt.Errorf("%s natively: no OK checksum line", w.name)
 		}
@@ -619,14 +637,15 @@ func (h *harness) verify(w workload, out string) error {
 		if !regexp.MustCompile(`(?m)^micro: OK bad=0$`).MatchString(out) {
 			return errors.New("micro did not report OK bad=0")
 		}
-	case w.name == "pagerank":
-		if !regexp.MustCompile(`(?m)^pagerank: OK checksum=` + h.refs[w.name].checksum + ` `).MatchString(out) {
-			return fmt.Errorf("pagerank: no OK line with the native checksum %s", h.refs[w.name].checksum)
+	case w.digest != nil:
+		// The program checks what it can itself (matmul.py its product against a closed
+		// form, HeapGraph and objects.js their structures); the checksum must also be native's.
+		m := w.digest.FindStringSubmatch(out)
+		if m == nil {
+			return fmt.Errorf("%s: no OK checksum line", w.name)
 		}
-	case w.name == "numpy-matmul":
-		// matmul.py checks C against its closed form itself; the checksum must also be native's.
-		if !regexp.MustCompile(`(?m)^matmul: OK n=\d+ checksum=` + h.refs[w.name].checksum + ` `).MatchString(out) {
-			return fmt.Errorf("matmul: no OK line with the native checksum %s", h.refs[w.name].checksum)
+		if want := h.refs[w.name].checksum; m[1] != want {
+			return fmt.Errorf("%s: checksum %s, the native run's is %s", w.name, m[1], want)
 		}
 	}
 	return nil
@@ -677,6 +696,8 @@ func (h *harness) exec(w workload, prefix []string, limit time.Duration) (result
 		re, rate = regexp.MustCompile(`(?m)^pagerank: iter\d+ secs=([0-9.]+) edges_per_sec=(\d+)`), true
 	case "numpy-matmul":
 		re, rate = regexp.MustCompile(`(?m)^matmul: rep\d+ secs=([0-9.]+) gflops=([0-9.]+)`), true
+	case "jvm-g1", "jvm-parallel", "node":
+		re = runtimePass // updates over the passes' time
 	}
 	for _, m := range re.FindAllStringSubmatch(out, -1) {
 		a, _ := strconv.ParseFloat(m[1], 64)

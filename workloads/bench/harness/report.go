@@ -220,7 +220,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	}
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus the kernel memory the native run's cgroup was charged (`memory.kmem.max_usage_in_bytes`: page tables, slab), the *overhead* column below; page cache gets nothing extra, as the cgroup reclaims it before it swaps anything (a server's binary and libraries were cached and charged before its cgroup existed and are not charged to it). Both therefore hold about CAP of anonymous memory; file-backed pages are outside both caps. At 100 %% both hold the whole native footprint.\n")
 	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
-	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), pagerank's and numpy matmul's checksums must equal the native run's (matmul also checks its product against a closed form). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) (*timed out*); a swap run whose program the cgroup's OOM killer ended (Linux could not hold it at that limit even with swap) is *OOM-killed*. Neither has a throughput: each median is over the runs that finished, and the runs stopped are counted beside it (\"0.96 (1 of 3 OOM-killed)\"), never entered as a zero. A ratio or target whose either side finished in fewer than most of its rounds is *not comparable*.\n")
+	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), the checksums of pagerank, numpy matmul, the JVM's HeapGraph and node's objects.js must equal the native run's (matmul also checks its product against a closed form, HeapGraph that every record is where it was put, objects.js that its links form one cycle through every object). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) (*timed out*); a swap run whose program the cgroup's OOM killer ended (Linux could not hold it at that limit even with swap) is *OOM-killed*. Neither has a throughput: each median is over the runs that finished, and the runs stopped are counted beside it (\"0.96 (1 of 3 OOM-killed)\"), never entered as a zero. A ratio or target whose either side finished in fewer than most of its rounds is *not comparable*.\n")
 	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: its `--summary-json`'s bytes_in and bytes_out, prefetches included; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
 	p("\n## Workloads\n\n| workload | command | peak RSS MiB | cgroup overhead MiB | native s | throughput metric |\n|---|---|---|---|---|---|\n")
 	for _, w := range wls {
@@ -230,7 +230,10 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 			c = fmt.Sprintf("`%s` driven by `bin/%s --keys %d --ops %d --get-ratio %g` (1000 B values, zipfian 0.99: populate, the zipfian phase, a get of every key)",
 				showArgs(serverArgs(w, -1)), driverName(w), w.keys, w.ops, w.getRatio)
 		}
-		if w.name == "pagerank" || w.name == "numpy-matmul" {
+		if len(w.args) > 0 && h.runtimeVer[w.args[0]] != "" {
+			c += " on " + h.runtimeVer[w.args[0]]
+		}
+		if w.digest != nil {
 			c += " (checksum " + r.checksum + ")"
 		}
 		if cc, ok := h.cmdCells[w.name]; ok {
