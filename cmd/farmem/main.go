@@ -45,9 +45,8 @@ const (
 const exitCodesHelp = "Exit status, as env, timeout and docker run give theirs:\n" +
 	"   125        farmem failed: bad flags, an unparsable or too small --local-mem, no userfaultfd\n" +
 	"              permission, the ctrl or memory servers unreachable at start, an internal error\n" +
-	"   126        the program cannot be executed: no execute permission, a directory, statically\n" +
-	"              linked (the shim cannot be preloaded), neither ELF nor #! script, its interpreter\n" +
-	"              or dynamic loader missing\n" +
+	"   126        the program cannot be executed: no execute permission, a directory, not x86-64,\n" +
+	"              neither ELF nor #! script, its interpreter or dynamic loader missing\n" +
 	"   127        the program was not found\n" +
 	"   128+N      the program was killed by signal N\n" +
 	"   any other  the program's own exit status, unchanged (a program exiting 2 makes farmem exit 2)\n" +

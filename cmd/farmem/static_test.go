@@ -268,3 +268,28 @@ func TestStaticRuntimeDeathStopsProgram(t *testing.T) {
 	syscall.Kill(child, syscall.SIGKILL)
 	t.Fatalf("program %d still running 5 s after farmem was killed", child)
 }
+
+// Without CAP_SYS_ADMIN the mapping filter cannot go in, and a static program could not be
+// served: farmem says so in one line, exit status 125, and the program never runs.
+func TestStaticWithoutFilterRefused(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("setpriv (util-linux) is not installed: no way to run farmem without CAP_SYS_ADMIN")
+	}
+	prog := staticMusl(t)
+	cmd := exec.Command(setpriv, "--bounding-set", "-sys_admin", "--", farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", prog, "8", "10")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 125 {
+		t.Fatalf("farmem without CAP_SYS_ADMIN: %v, want exit status 125\n%s", err, stderr.String())
+	}
+	if msg := strings.TrimSpace(stderr.String()); !strings.HasPrefix(msg, "farmem: ") || strings.Count(msg, "\n") != 0 ||
+		!strings.Contains(msg, "installing the mapping filter: permission denied") {
+		t.Errorf("farmem said %q, want one line naming the mapping filter", msg)
+	}
+	if stdout.Len() != 0 {
+		t.Errorf("the program ran: %q", stdout.String())
+	}
+}
