@@ -25,4 +25,18 @@
 // stops the tracee instead of the trap: it is kept and delivered at Detach, and the step goes
 // on. Call runs code that is already in the tracee (an injected agent) the same way, up to an
 // int3.
+//
+// # A fork's child
+//
+// CatchFork stops the child of a fork at its birth, for farmem to enter it as it entered the
+// program: the forking thread, held in its fork call by a seccomp user notification, is seized
+// with fork events on and then let go; the kernel attaches the child to the tracer and stops it
+// before it runs an instruction of its own. A fork the kernel refuses makes no event: the thread
+// is interrupted once it is seen blocked in another call (or after a second), and its interrupt
+// stop, which comes only on the way back to user space, after any fork event, says so.
+//
+// The kernel reports a tracee's stops to whichever thread of its tracer's process waits for it,
+// the tracee's parent among them if it is in that process: a caller that is also the tracee's
+// parent (farmem and the program it started) must do its own waiting on the tracer's thread,
+// between the Tracee's calls (launcher/tracer.go).
 package inject

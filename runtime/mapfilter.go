@@ -24,6 +24,11 @@ import (
 // too: registration survives the mprotect that later opens it for writing, while brk growth
 // never joins the registered heap (the new part is a VMA of its own).
 //
+// A statically linked program has no interposed mmap at all: its agent, injected by the launcher,
+// installs the filter before the program runs (Process.InstallFilter), and the filter also hands
+// over its forks (ServeForks), whose children the launcher enters. Until the run arms, its calls
+// are answered CONTINUE.
+//
 // Cost: a notification and an agent round trip per call, paid only once armed and only by mmaps
 // of at least MinRegister bytes and by brk. Without the privilege to install a filter (seccomp
 // needs CAP_SYS_ADMIN, and farmem does not set no_new_privs behind the program's back) the run
@@ -192,6 +197,14 @@ func (rt *Runtime) serveMapping(fd int, n seccomp.Notif) {
 		if addr < 0 && addr > -4096 {
 			resp = seccomp.Resp{ID: n.ID, Error: int32(addr)}
 			return
+		}
+		if n.Data.Args[3]&unix.MAP_FIXED != 0 {
+			// It replaced whatever was there (a Go heap's reservation, registered when it was
+			// made), and the UNMAP event that says so is read before the call returns but
+			// handled by the fault thread in its own time: a registration of the same range
+			// still on record would make Register skip this one, leaving the new memory
+			// unregistered once the event is handled.
+			p.forgetRange(uint64(addr), uint64(addr)+pageUp(n.Data.Args[1]))
 		}
 		p.Register(uint64(addr), pageUp(n.Data.Args[1]))
 		rt.Stats.MappingsSeen.Add(1)
