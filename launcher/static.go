@@ -154,6 +154,12 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 	// Before its agent's hello, which installs the filter in an armed run. The agent is at the
 	// same address in every fork child (a copy of the parent's memory).
 	p.ServeForks(func(tid int, proceed func() error) error {
+		if !carriesAgent(tid, mem+agentOffset+img.params, sock) {
+			// An image the process exec'd since (a static one: a dynamic one has the shim,
+			// and a process of its own in the runtime): nothing of it is registered, so its
+			// child has nothing of farmem's to lose.
+			return proceed()
+		}
 		enter := func() error { return enterForkChild(img, mem, agents, tid, proceed) }
 		if tgid, err := procfs.Tgid(tid); err == nil && tgid == pid {
 			// The program's own fork: traced from its parent thread (tracer.go).
@@ -177,6 +183,17 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 			p.Rescan()
 		}
 	})
+}
+
+// carriesAgent reports whether thread tid's process still has the agent farmem put in it: its
+// parameters, at params, name farmem's socket.
+func carriesAgent(tid int, params uint64, sock string) bool {
+	got := make([]byte, len(sock)+1)
+	local := []unix.Iovec{{Base: &got[0]}}
+	local[0].SetLen(len(got))
+	remote := []unix.RemoteIovec{{Base: uintptr(params), Len: len(got)}}
+	n, err := unix.ProcessVMReadv(tid, local, remote, 0)
+	return err == nil && n == len(got) && string(got) == sock+"\x00"
 }
 
 // runAgentEntry runs one of the agent's entries (agent.c) on the tracee's stopped thread, below

@@ -293,3 +293,22 @@ func TestStaticWithoutFilterRefused(t *testing.T) {
 		t.Errorf("the program ran: %q", stdout.String())
 	}
 }
+
+// A static program that execs a static program (itself, in fork mode) runs it correctly: the new
+// image is not served (farmem enters a program only at its start, so far), but it is not harmed
+// either: its forks are let through, its child runs, and both print the native digest.
+func TestStaticExecsStatic(t *testing.T) {
+	prog := staticMusl(t)
+	want := native(t, prog, "64", "1000", "fork")
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", prog, "64", "1000", "exec")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("under farmem: %v\n%s", err, stderr.String())
+	}
+	for _, line := range []string{"child: " + want, "fork: child exit 0", want} {
+		if !strings.Contains(stdout.String(), line+"\n") {
+			t.Errorf("the exec'd program did not print %q:\n%s%s", line, stdout.String(), stderr.String())
+		}
+	}
+}

@@ -5,11 +5,11 @@
  * at random, checking the number first; and prints a digest that depends only on its arguments.
  * A page whose number is wrong (zeros where farmem lost a page) is reported, exit status 99.
  *
- *	staticfill MIB ROUNDS [fork|forkspin|crash]
+ *	staticfill MIB ROUNDS [fork|forkspin|crash|exec]
  * fork: after the rounds, forks a child that checks every page and prints the digest (prefixed
  * "child: "), and spawns /bin/true with posix_spawn (a vfork: one mm), saying how each went;
  * forkspin: the same, but the child rewrites pages for ever; crash: dies of SIGSEGV after the
- * rounds instead of printing. */
+ * rounds instead of printing; exec: first execs itself again in fork mode. */
 #include <errno.h>
 #include <spawn.h>
 #include <stdint.h>
@@ -30,6 +30,12 @@ int main(int argc, char **argv)
 	if (argc < 3) { fprintf(stderr, "usage: staticfill MIB ROUNDS [fork|crash]\n"); return 2; }
 	long mib = atol(argv[1]), rounds = atol(argv[2]);
 	const char *mode = argc > 3 ? argv[3] : "";
+	if (strcmp(mode, "exec") == 0) {
+		char *args[] = { argv[0], argv[1], argv[2], "fork", 0 };
+		execv("/proc/self/exe", args);
+		printf("exec: %s\n", strerror(errno));
+		return 3;
+	}
 	/* Pages, in order: the big blocks' then the small ones' (two pages to three blocks). */
 	long bigs = mib / 2, npages = mib * (BIG / PAGE);
 	long smalls = (npages - bigs * (BIG / PAGE)) * PAGE / SMALL;
