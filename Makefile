@@ -1,4 +1,4 @@
-# farmem: `make build` builds bin/farmem (the preload shim is embedded in it);
+# farmem: `make build` builds bin/farmem (the preload shim and the static programs' agent are embedded in it);
 # `make test` runs every test (as root: userfaultfd, /proc of other processes).
 GO      ?= go
 CC      ?= gcc
@@ -11,9 +11,16 @@ COMMIT  := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git rev-par
 build: shim workloads
 	$(GO) build -ldflags "-X main.commit=$(COMMIT)" -o bin/farmem ./cmd/farmem
 
-shim: $(SHIM)
-$(SHIM): launcher/shim/shim.c
+AGENT   := launcher/shim/agent.elf
+shim: $(SHIM) $(AGENT)
+$(SHIM): launcher/shim/shim.c launcher/shim/agent.h
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -o $@ $< -lpthread
+# The agent farmem injects into static programs: freestanding, position independent, and with no
+# relocation to apply, so that farmem can map it anywhere with no loader (launcher/agentimage.go checks).
+$(AGENT): launcher/shim/agent.c launcher/shim/agent.h
+	$(CC) -Os -Wall -Wextra -ffreestanding -fno-builtin -fno-stack-protector -fcf-protection=none \
+		-fno-asynchronous-unwind-tables -fPIC -fvisibility=hidden -nostdlib -static-pie \
+		-Wl,--no-dynamic-linker,-z,noexecstack,--build-id=none,-e,fm_start_entry -o $@ $<
 
 workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive bin/floorpager
 # The floor of paging: a minimal C userfaultfd pager and its preload shim (workloads/floor).
@@ -57,7 +64,7 @@ test: build test-deps
 	cd workloads/bench/harness && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 clean:
-	rm -rf bin $(SHIM)
+	rm -rf bin $(SHIM) $(AGENT)
 
 # Fuzz the memory server's frame decoding (FUZZTIME each). The tests replay the kept corpus in
 # fabric/testdata/fuzz; after a run, copy new finds there from $(GO) env GOCACHE's fuzz dir.

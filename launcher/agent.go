@@ -190,10 +190,14 @@ func (a *agentConn) Staging(bytes uint64) (uint64, error) {
 
 // Filter implements runtime.Agent: the agent installs the mapping filter (shim.c) on
 // every thread of its process and sends back the filter's listener.
-func (a *agentConn) Filter(minBytes uint64) (int, error) {
+func (a *agentConn) Filter(minBytes uint64, guardForks bool) (int, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m, fd, err := a.ask(msg{Type: msgFilter, A: minBytes})
+	m := msg{Type: msgFilter, A: minBytes}
+	if guardForks {
+		m.B = 1
+	}
+	m, fd, err := a.ask(m)
 	if err != nil {
 		return -1, err
 	}

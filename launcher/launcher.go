@@ -1,6 +1,7 @@
 // Package launcher starts a program under farmem: it writes out the embedded preload shim,
-// listens for the shim's connections, starts the program with LD_PRELOAD, serves it through a
-// runtime.Runtime, forwards signals, and returns the program's exit status.
+// listens for the shim's connections, starts the program with LD_PRELOAD (or, a statically
+// linked one, with the agent injected: static.go), serves it through a runtime.Runtime,
+// forwards signals, and returns the program's exit status.
 package launcher
 
 import (
@@ -65,6 +66,9 @@ type Options struct {
 	// SummaryJSON, if set, gets the whole summary at exit as one JSON object (Summary), whatever
 	// Quiet says, and also when the program was stopped.
 	SummaryJSON string
+	// Static: the program is statically linked; farmem injects its agent (static.go) instead of
+	// preloading the shim.
+	Static bool
 }
 
 // Run runs the program to completion and returns the exit status farmem should exit with.
@@ -115,7 +119,8 @@ func Run(o Options) (int, error) {
 	}
 	rt.Start()
 	defer rt.Close()
-	go acceptLoop(ln, rt)
+	agents := &staticAgents{}
+	go acceptLoop(ln, rt, agents)
 	if o.StatsEvery > 0 {
 		stop := make(chan struct{})
 		defer close(stop)
@@ -147,6 +152,16 @@ func Run(o Options) (int, error) {
 		defer tty.close()
 	}
 	tty.attr(cmd.SysProcAttr) // see terminal.go
+	var parent *parentThread  // a static program's (tracer.go)
+	if o.Static {
+		parent = newParentThread()
+	}
+	lifeline := -1 // a static program's (static.go); written before started is sent
+	defer func() {
+		if lifeline >= 0 {
+			unix.Close(lifeline)
+		}
+	}()
 	started := make(chan error, 1)
 	type result struct {
 		ws  unix.WaitStatus
@@ -158,14 +173,27 @@ func Run(o Options) (int, error) {
 		// Born in a memory cgroup whose threshold says when to arm, the program costs the
 		// runtime no polling until then; where there is none, the runtime polls instead.
 		contained, _ := rt.ContainChildren(cmd.SysProcAttr)
-		err := cmd.Start()
-		contained()
+		var err error
+		if parent != nil {
+			lifeline, err = startStatic(cmd, rt, sock, agents, parent, contained)
+		} else {
+			err = cmd.Start()
+			contained()
+		}
 		if err != nil {
+			if parent != nil {
+				signal.Stop(parent.sigs)
+			}
 			started <- err
 			return
 		}
 		started <- nil
-		ws, err := tty.wait(cmd.Process.Pid)
+		var ws unix.WaitStatus
+		if parent != nil {
+			ws, err = parent.serve(tty, cmd.Process.Pid)
+		} else {
+			ws, err = tty.wait(cmd.Process.Pid)
+		}
 		waited <- result{ws, err}
 		select {} // keep the locked thread (and so Pdeathsig) alive until farmem exits
 	}()
@@ -329,19 +357,19 @@ func statsLoop(rt *runtime.Runtime, every time.Duration, stop <-chan struct{}) {
 	}
 }
 
-func acceptLoop(ln *net.UnixListener, rt *runtime.Runtime) {
+func acceptLoop(ln *net.UnixListener, rt *runtime.Runtime, agents *staticAgents) {
 	for {
 		c, err := ln.AcceptUnix()
 		if err != nil {
 			return
 		}
-		go handleConn(&conn{c: c}, rt)
+		go handleConn(&conn{c: c}, rt, agents)
 	}
 }
 
 // handleConn serves one shim connection: a control connection (HELLO, then REGISTER requests)
 // or an agent connection (AGENT_HELLO, then eviction requests we send).
-func handleConn(c *conn, rt *runtime.Runtime) {
+func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 	m, fd, lifeline, err := c.recvLifeline()
 	if lifeline >= 0 {
 		// The write end of the process's lifeline pipe (shim.c, make_lifeline): held, never
@@ -378,6 +406,7 @@ func handleConn(c *conn, rt *runtime.Runtime) {
 			p.Table().Unlock()
 		}
 		p.SetAgent(a, int(m.A)) // installs the mapping filter if the run is armed
+		agents.attached(p)      // a static program's filter goes in now, armed or not
 		a.Ready()               // a failure is the agent's death, which the evictor meets next
 		return                  // the evictor drives this connection from now on
 	case msgHello:

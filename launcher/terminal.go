@@ -82,13 +82,39 @@ func (t *terminal) wait(pid int) (unix.WaitStatus, error) {
 		if err != nil || !ws.Stopped() {
 			return ws, err
 		}
-		if t != nil {
-			t.give(unix.Getpgrp())
-		}
-		unix.Kill(os.Getpid(), unix.SIGSTOP) // returns once the shell continues farmem
-		if t != nil && t.foreground() {
-			t.give(pid)
-		}
-		unix.Kill(-pid, unix.SIGCONT)
+		t.stopped(pid)
 	}
+}
+
+// poll is wait without waiting: ended reports whether the program has ended (ws, err: how).
+func (t *terminal) poll(pid int) (ws unix.WaitStatus, ended bool, err error) {
+	for {
+		wpid, err := unix.Wait4(pid, &ws, unix.WUNTRACED|unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return ws, true, err
+		}
+		if wpid == 0 {
+			return ws, false, nil
+		}
+		if !ws.Stopped() {
+			return ws, true, nil
+		}
+		t.stopped(pid)
+	}
+}
+
+// stopped stops farmem with the program (pid), which has stopped, and continues it once farmem
+// is continued.
+func (t *terminal) stopped(pid int) {
+	if t != nil {
+		t.give(unix.Getpgrp())
+	}
+	unix.Kill(os.Getpid(), unix.SIGSTOP) // returns once the shell continues farmem
+	if t != nil && t.foreground() {
+		t.give(pid)
+	}
+	unix.Kill(-pid, unix.SIGCONT)
 }

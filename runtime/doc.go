@@ -26,6 +26,8 @@
 //
 // A lock may be taken while holding the ones above it in this list, never the other way:
 //
+//	Process.mapMu       held from the check that a notified mmap's caller still waits to its
+//	                    answer (mapfilter.go); like brkMu, only notification goroutines take it
 //	Process.brkMu       held across the agent's two brk calls of one notified brk, so that the
 //	                    next brk starts from the break this one left (mapfilter.go); only the
 //	                    goroutines serving notifications take it, never the fault thread
@@ -43,7 +45,7 @@
 //	Process.agentMu     the agent pointer; held to read or swap it, nothing else
 //
 // No lock is held across a wait on the program except the agent's own (whose requests the agent
-// thread serves at once: its faults are never held for room) and brkMu above it; the fault
+// thread serves at once: its faults are never held for room) and mapMu and brkMu above it; the fault
 // thread takes none of those, so it is always free to read the uffd's events, which the
 // program's madvise, munmap and fork wait for.
 //

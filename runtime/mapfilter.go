@@ -24,6 +24,11 @@ import (
 // too: registration survives the mprotect that later opens it for writing, while brk growth
 // never joins the registered heap (the new part is a VMA of its own).
 //
+// A statically linked program has no interposed mmap at all: its agent, injected by the launcher,
+// installs the filter before the program runs (Process.InstallFilter), and the filter also hands
+// over its forks (ServeForks), whose children the launcher enters. Until the run arms, its calls
+// are answered CONTINUE.
+//
 // Cost: a notification and an agent round trip per call, paid only once armed and only by mmaps
 // of at least MinRegister bytes and by brk. Without the privilege to install a filter (seccomp
 // needs CAP_SYS_ADMIN, and farmem does not set no_new_privs behind the program's back) the run
@@ -42,14 +47,20 @@ func (rt *Runtime) filterMappings(p *Process) {
 	if a == nil || !p.filtered.CompareAndSwap(false, true) {
 		return
 	}
-	fd, err := a.Filter(rt.cfg.MinRegister)
+	fd, err := a.Filter(rt.cfg.MinRegister, p.forks.Load() != nil)
 	if errors.Is(err, unix.EBUSY) {
-		return // a filter inherited from a parent has a listener already: ours, serving it
+		err = nil // a filter inherited from a parent has a listener already: ours, serving it
+		fd = -1
 	}
+	p.filterErr = err
+	close(p.filterDone)
 	if err != nil {
-		if rt.filterFailed.CompareAndSwap(false, true) {
+		if p.forks.Load() == nil && rt.filterFailed.CompareAndSwap(false, true) {
 			fmt.Fprintf(os.Stderr, "farmem: cannot install the mapping filter (%v): glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", err)
 		}
+		return
+	}
+	if fd < 0 {
 		return
 	}
 	rt.finished.Add(1)
@@ -58,6 +69,61 @@ func (rt *Runtime) filterMappings(p *Process) {
 		defer unix.Close(fd)
 		rt.serveNotifications(fd)
 	}()
+}
+
+// ForkServer enters a fork child of a process that cannot do it itself: tid is the thread about
+// to fork, held in its fork call; proceed lets the fork go on. An error returned before proceed
+// was called refuses the fork (it fails with ENOSYS); after, the child is the server's to
+// stop.
+type ForkServer func(tid int, proceed func() error) error
+
+// ServeForks hands the process's forks to f once its filter is installed (InstallFilter); it must
+// be called before the process's agent says hello, and its fork children inherit f. It is for a
+// process with no shim (a statically linked program): its child would otherwise be served on the
+// FORK event's uffd alone, whose only copy farmem holds, with nobody to say its hello, so that
+// farmem's death, or the retirement of a child that never said hello, would leave it reading
+// zeros where its evicted pages were. Threads and vfork (one mm) are not forks.
+func (p *Process) ServeForks(f ForkServer) { p.forks.Store(&f) }
+
+// InstallFilter has the process's agent install the mapping filter now, armed or not, unless it
+// was (SetAgent installs it in an armed run), and returns how the installation went. Before the
+// run arms the filter lets every call through (serveMapping), at the cost of a notification.
+func (p *Process) InstallFilter() error {
+	p.rt.filterMappings(p)
+	if !p.filtered.Load() {
+		return errors.New("the process has no agent")
+	}
+	<-p.filterDone // the arming may be installing it right now
+	return p.filterErr
+}
+
+// serveFork answers a fork the filter handed over: let through, unless the process has a fork
+// server (ServeForks), which enters the child or refuses the fork.
+func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
+	p := rt.lookupThread(int(n.Pid))
+	var f *ForkServer
+	if p != nil {
+		f = p.forks.Load()
+	}
+	if f == nil {
+		seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
+		return
+	}
+	proceeded := false
+	err := (*f)(int(n.Pid), func() error {
+		proceeded = true
+		return seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
+	})
+	if proceeded {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "farmem: process %d forked, and its child could not be served: %v\n", p.Pid(), err)
+		}
+		return
+	}
+	seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Error: -int32(unix.ENOSYS)})
+	if p.forkSaid.CompareAndSwap(false, true) {
+		fmt.Fprintf(os.Stderr, "farmem: process %d tried to fork, and farmem could not take its child (%v): its forks fail (ENOSYS)\n", p.Pid(), err)
+	}
 }
 
 func (rt *Runtime) serveNotifications(fd int) {
@@ -82,6 +148,10 @@ func (rt *Runtime) serveNotifications(fd int) {
 		if err := seccomp.Receive(fd, &call); err != nil {
 			continue // ENOENT: the caller was interrupted meanwhile
 		}
+		if call.Data.Nr == unix.SYS_FORK || call.Data.Nr == unix.SYS_CLONE {
+			go rt.serveFork(fd, call) // the server waits for the child
+			continue
+		}
 		// Each on its own: an agent round trip must not hold up other processes' calls, and a
 		// fork child's agent is itself filtered (its calls are answered CONTINUE below).
 		go rt.serveMapping(fd, call)
@@ -100,6 +170,14 @@ func (rt *Runtime) serveMapping(fd int, n seccomp.Notif) {
 	p := rt.lookupThread(int(n.Pid))
 	if p == nil || !rt.Armed() || int32(n.Pid) == p.agentTid.Load() {
 		return // unknown (exec'd image before its hello), not yet armed, or the agent itself
+	}
+	if n.Data.Nr == unix.SYS_MMAP {
+		// One at a time, from the check that the caller still waits to its answer. A signal
+		// (a Go program's preemption signal, often) may interrupt the caller after that check;
+		// it makes the call again, and that second call, served first, would hand it memory
+		// that this call's mmap (MAP_FIXED: over it) or its undo then replaced.
+		p.mapMu.Lock()
+		defer p.mapMu.Unlock()
 	}
 	p.agentMu.Lock()
 	a := p.agent
@@ -120,10 +198,20 @@ func (rt *Runtime) serveMapping(fd int, n seccomp.Notif) {
 			resp = seccomp.Resp{ID: n.ID, Error: int32(addr)}
 			return
 		}
+		if n.Data.Args[3]&unix.MAP_FIXED != 0 {
+			// It replaced whatever was there (a Go heap's reservation, registered when it was
+			// made), and the UNMAP event that says so is read before the call returns but
+			// handled by the fault thread in its own time: a registration of the same range
+			// still on record would make Register skip this one, leaving the new memory
+			// unregistered once the event is handled.
+			p.forgetRange(uint64(addr), uint64(addr)+pageUp(n.Data.Args[1]))
+		}
 		p.Register(uint64(addr), pageUp(n.Data.Args[1]))
 		rt.Stats.MappingsSeen.Add(1)
-		if seccomp.Respond(fd, &resp) != nil {
-			// The caller was interrupted and will make the call again: undo ours.
+		if seccomp.Respond(fd, &resp) != nil && n.Data.Args[3]&unix.MAP_FIXED == 0 {
+			// The caller was interrupted and will make the call again: undo ours. Not a
+			// MAP_FIXED one: the call made again replaces it, where an unmap would leave a
+			// hole in what the program had there (a Go heap's reservation).
 			a.Syscall(unix.SYS_MUNMAP, [6]uint64{uint64(addr), n.Data.Args[1]})
 		}
 		answered = true

@@ -24,8 +24,9 @@ type Agent interface {
 	// Staging has the agent map a staging area of bytes and returns its address.
 	Staging(bytes uint64) (uint64, error)
 	// Filter has the agent install the mapping filter on every thread of its process and
-	// returns the filter's seccomp listener (mapfilter.go).
-	Filter(minBytes uint64) (listener int, err error)
+	// returns the filter's seccomp listener (mapfilter.go); with guardForks the filter also
+	// hands over the process's forks.
+	Filter(minBytes uint64, guardForks bool) (listener int, err error)
 	// Syscall has the agent make a system call in its process; the raw result is -errno on
 	// failure.
 	Syscall(nr uint64, args [6]uint64) (int64, error)
@@ -46,11 +47,20 @@ type Process struct {
 	agentMu  sync.Mutex
 	agent    Agent       // protected by agentMu
 	filtered atomic.Bool // the agent was asked to install the mapping filter (mapfilter.go)
+	// filterDone is closed once the filter's installation was tried; filterErr is its outcome,
+	// written before.
+	filterDone chan struct{}
+	filterErr  error
+	// forks, if set, enters the process's fork children (mapfilter.go, serveFork): nothing in
+	// the process does (a static program has no shim to say the child's hello).
+	forks    atomic.Pointer[ForkServer]
+	forkSaid atomic.Bool // a refused fork was reported
 	// staging is the staging area the evictor moves victims into (evictor.Target.Staging): 0
 	// until the first batch makes it, noStaging once it is known there can be none. Both
 	// belong to the evictor goroutine.
 	staging   uint64
 	noStaging bool
+	mapMu     sync.Mutex // serializes the process's notified mmap calls (mapfilter.go)
 	brkMu     sync.Mutex // serializes the process's notified brk calls (mapfilter.go)
 	brk       int64      // protected by brkMu; the break the last of them left (0: not known yet)
 
@@ -68,7 +78,8 @@ type Process struct {
 }
 
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
-	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(), registered: make(map[uint64]uint64)}
+	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(), registered: make(map[uint64]uint64),
+		filterDone: make(chan struct{})}
 	var pred prefetch.Prefetcher
 	if rt.cfg.NewPrefetcher != nil {
 		pred = rt.cfg.NewPrefetcher()

@@ -34,6 +34,9 @@ func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
 	rt.byPid[pid] = p
 	rt.mu.Unlock()
 	p.place.orig = programAffinity(pid, from)
+	if ppid != 0 && from != nil {
+		p.forks.Store(from.forks.Load()) // a fork child of a process with a fork server
+	}
 	if old != nil {
 		rt.retire(old)
 	}
@@ -104,6 +107,7 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 	c := q[0]
 	rt.forks[parent] = q[1:]
 	c.pid.Store(int32(pid))
+	c.forks.Store(parent.forks.Load())
 	rt.byPid[pid] = c
 	rt.mu.Unlock()
 	programAffinity(pid, parent) // undo a pinning it inherited; c already has the parent's

@@ -9,7 +9,7 @@
 # too; it says what is missing and fails otherwise. It prints nothing when all is in place.
 set -euo pipefail
 
-packages=(gcc make libc6-dev redis-server redis-tools memcached bc jq iproute2 openssl curl python3 python3-numpy
+packages=(gcc make libc6-dev musl-tools redis-server redis-tools memcached bc jq iproute2 openssl curl python3 python3-numpy
   openjdk-17-jdk-headless nodejs)
 jaeger_version=v1.76.0
 jaeger=${FARMEM_JAEGER:-/var/cache/farmem-jaeger/jaeger-$jaeger_version}

@@ -129,8 +129,22 @@ func doctor() []check {
 		detail += "; rdma needs a build with -tags rdma"
 	}
 	out = append(out, check{checkOK, "transports", detail})
-	out = append(out, check{checkDegraded, "statically linked programs", "not served: farmem reaches a program through LD_PRELOAD, which a static binary ignores (farmem run refuses one, exit 126)"})
+	out = append(out, staticCheck())
 	return out
+}
+
+// staticCheck says whether farmem can serve a statically linked program here: it injects its
+// agent through ptrace, and the agent's mapping filter, how the runtime sees such a program's
+// mappings and forks, needs CAP_SYS_ADMIN.
+func staticCheck() check {
+	const what = "statically linked programs"
+	if b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope"); err == nil && strings.TrimSpace(string(b)) == "3" {
+		return check{checkDegraded, what, "not served: farmem injects its agent into one through ptrace, which kernel.yama.ptrace_scope=3 forbids (farmem run fails, exit 125)"}
+	}
+	if !hasCapability(21) { // CAP_SYS_ADMIN
+		return check{checkDegraded, what, "not served: the mapping filter, how farmem sees a static program's mappings and forks, needs CAP_SYS_ADMIN (farmem run fails, exit 125)"}
+	}
+	return check{checkOK, what, "served: farmem injects its agent through ptrace (LD_PRELOAD does not reach them), and enters each fork child the same way"}
 }
 
 // memcgCheck says which cgroup version a run's memory cgroup would use here and how, or why a

@@ -46,9 +46,8 @@ const (
 const exitCodesHelp = "Exit status, as env, timeout and docker run give theirs:\n" +
 	"   125        farmem failed: bad flags, an unparsable or too small --local-mem, no userfaultfd\n" +
 	"              permission, the ctrl or memory servers unreachable at start, an internal error\n" +
-	"   126        the program cannot be executed: no execute permission, a directory, statically\n" +
-	"              linked (the shim cannot be preloaded), neither ELF nor #! script, its interpreter\n" +
-	"              or dynamic loader missing\n" +
+	"   126        the program cannot be executed: no execute permission, a directory, not x86-64,\n" +
+	"              neither ELF nor #! script, its interpreter or dynamic loader missing\n" +
 	"   127        the program was not found\n" +
 	"   128+N      the program was killed by signal N\n" +
 	"   any other  the program's own exit status, unchanged (a program exiting 2 makes farmem exit 2)\n" +
@@ -213,7 +212,7 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	path, err := checkProgram(argv[0])
+	path, static, err := checkProgram(argv[0])
 	if err != nil {
 		return err
 	}
@@ -254,7 +253,7 @@ func runAction(c *cli.Context) error {
 	status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
 		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace,
 		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut,
-		SummaryJSON: summaryJSON})
+		SummaryJSON: summaryJSON, Static: static})
 	stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 	if trace != nil {                   // Run has stopped every fault thread
 		if cerr := closeTrace(c, trace); err == nil {
@@ -343,33 +342,34 @@ func openRemote(c *cli.Context, argv []string) (backend.Backend, error) {
 		Name: fmt.Sprintf("%s pid %d %s", host, os.Getpid(), filepath.Base(argv[0])), Logf: logf})
 }
 
-// checkProgram resolves the program and refuses what the preload shim cannot enter: 127 if it
-// is not found, 126 if it is but cannot be run under farmem.
-func checkProgram(name string) (string, error) {
-	path, err := exec.LookPath(name)
+// checkProgram resolves the program and refuses what farmem cannot enter: 127 if it is not
+// found, 126 if it is but cannot be run under farmem. static: the program (or the interpreter
+// its #! line names) is statically linked, so farmem injects its agent instead of preloading.
+func checkProgram(name string) (path string, static bool, err error) {
+	path, err = exec.LookPath(name)
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-			return "", programError{fmt.Sprintf("program %q not found", name), exitNotFound}
+			return "", false, programError{fmt.Sprintf("program %q not found", name), exitNotFound}
 		}
-		return "", cannotRun("program %q cannot be run: %v", name, errors.Unwrap(err))
+		return "", false, cannotRun("program %q cannot be run: %v", name, errors.Unwrap(err))
 	}
-	return path, checkDynamic(path, 0)
+	static, err = checkELF(path, 0)
+	return path, static, err
 }
 
 func cannotRun(format string, a ...any) error {
 	return programError{fmt.Sprintf(format, a...), exitCannotRun}
 }
 
-// checkDynamic follows #! interpreters and requires a dynamically linked ELF at the end, whose
-// own interpreter (the dynamic loader) exists: a static program ignores LD_PRELOAD and would run
-// unpaged, silently.
-func checkDynamic(path string, depth int) error {
+// checkELF follows #! interpreters and requires an ELF at the end, whose own interpreter (the
+// dynamic loader) exists if it has one; static: it has none.
+func checkELF(path string, depth int) (static bool, err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		if depth > 0 {
-			return cannotRun("interpreter %q cannot be read: %v", path, errors.Unwrap(err))
+			return false, cannotRun("interpreter %q cannot be read: %v", path, errors.Unwrap(err))
 		}
-		return cannotRun("program %q cannot be read: %v", path, errors.Unwrap(err))
+		return false, cannotRun("program %q cannot be read: %v", path, errors.Unwrap(err))
 	}
 	defer f.Close()
 	head := make([]byte, 256)
@@ -379,13 +379,16 @@ func checkDynamic(path string, depth int) error {
 		line, _, _ := bufio.NewReader(strings.NewReader(string(head[2:]))).ReadLine()
 		fields := strings.Fields(string(line))
 		if len(fields) == 0 {
-			return cannotRun("script %q has an empty #! line", path)
+			return false, cannotRun("script %q has an empty #! line", path)
 		}
-		return checkDynamic(fields[0], depth+1)
+		return checkELF(fields[0], depth+1)
 	}
 	ef, err := elf.NewFile(f)
 	if err != nil {
-		return cannotRun("program %q is neither an ELF executable nor a #! script", path)
+		return false, cannotRun("program %q is neither an ELF executable nor a #! script", path)
+	}
+	if ef.Machine != elf.EM_X86_64 {
+		return false, cannotRun("program %q is for %v, not x86-64", path, ef.Machine)
 	}
 	for _, p := range ef.Progs {
 		if p.Type != elf.PT_INTERP {
@@ -393,15 +396,15 @@ func checkDynamic(path string, depth int) error {
 		}
 		b, err := io.ReadAll(p.Open())
 		if err != nil {
-			return cannotRun("program %q: its ELF interpreter cannot be read: %v", path, err)
+			return false, cannotRun("program %q: its ELF interpreter cannot be read: %v", path, err)
 		}
 		interp := strings.TrimRight(string(b), "\x00")
 		if _, err := os.Stat(interp); err != nil {
-			return cannotRun("program %q needs the dynamic loader %s, which is missing", path, interp)
+			return false, cannotRun("program %q needs the dynamic loader %s, which is missing", path, interp)
 		}
-		return nil
+		return false, nil
 	}
-	return cannotRun("program %q is statically linked: farmem cannot preload its shim into it", path)
+	return true, nil
 }
 
 func checkUserfaultfd() error {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -63,13 +65,35 @@ func TestTerminalSignalsReachTheProgramOnce(t *testing.T) {
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Skip("python3 not installed")
 	}
+	checkTerminalSignals(t, "python3", "-c", sigintCounter)
+}
+
+// The same for a static program, whose parent thread in farmem waits for it between the ptrace
+// work it does for it (launcher/tracer.go): a Go program built without cgo.
+func TestStaticTerminalSignals(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(goruntime.GOROOT(), "bin", "go")
+	}
+	prog := filepath.Join(t.TempDir(), "sigcount")
+	cmd := exec.Command(gobin, "build", "-o", prog, "./testdata/sigcount")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the static Go program: %v\n%s", err, b)
+	}
+	checkTerminalSignals(t, prog)
+}
+
+// checkTerminalSignals runs argv (a program that behaves as sigintCounter) under farmem on a
+// pseudo-terminal and checks what TestTerminalSignalsReachTheProgramOnce says.
+func checkTerminalSignals(t *testing.T, argv ...string) {
 	master, slave := openPty(t)
 	defer master.Close()
 	// farmem as a shell would start it: the leader of a session whose controlling terminal is
 	// the pty, in the terminal's foreground process group. We wait for it ourselves (to see it
 	// stop), so it is started with StartProcess rather than exec.Cmd.
-	proc, err := os.StartProcess(farmemBin(t), []string{"farmem", "run", "--local-mem", "64MiB", "--quiet", "--",
-		"python3", "-c", sigintCounter}, &os.ProcAttr{
+	proc, err := os.StartProcess(farmemBin(t), append([]string{"farmem", "run", "--local-mem", "64MiB", "--quiet", "--"},
+		argv...), &os.ProcAttr{
 		Env:   cleanEnv(),
 		Files: []*os.File{slave, slave, slave},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},

@@ -1,0 +1,125 @@
+/* agent.c: the agent farmem injects into a program it cannot preload libfarmem.so into (a
+ * statically linked one). It is the agent thread of shim.c and nothing else: the work is
+ * agent.h's, shared with the shim.
+ *
+ * farmem (launcher/static.go, through package inject) stops the program before its first
+ * instruction, maps this file's loadable segments, writes fm_params, makes the program's
+ * userfaultfd and takes it, and runs fm_start_entry, which starts the thread on a stack farmem
+ * mapped next to the agent. The thread connects to the runtime and serves it like the shim's;
+ * the runtime then has it install the mapping filter at once, which for a static program is how
+ * every mapping is seen (there is no interposed mmap) and how its forks are handed to farmem.
+ * farmem stops each fork child at its birth and runs fm_fork_entry in it: the shim's atfork
+ * handler, here (the child inherited this image at the same address).
+ *
+ * Built freestanding and position independent (Makefile: -nostdlib -ffreestanding -static-pie),
+ * with no relocation to apply: it runs wherever farmem maps it, with no loader. No TLS (the
+ * thread has none: the program has not set its own up yet), no stack protector (it reads TLS). */
+#define _GNU_SOURCE
+#include "agent.h"
+
+/* fm_params is written by farmem before the agent starts. */
+struct fm_params {
+	char sock[108];     /* the runtime's socket ('@': abstract) */
+	int32_t ufd;        /* the program's userfaultfd, which farmem made in it */
+	uint64_t mem;       /* the agent's memory: a guard page, the thread's stack, this image */
+	uint64_t mem_len;
+	uint64_t stack_top; /* the agent thread's stack */
+	int32_t lifeline;   /* the read end of the program's lifeline (agent.h, make_lifeline) */
+};
+__attribute__((used)) struct fm_params fm_params;
+
+/* The few libc functions the compiler and agent.h call. */
+void *memcpy(void *d, const void *s, size_t n)
+{
+	char *dp = d;
+	const char *sp = s;
+	while (n--) *dp++ = *sp++;
+	return d;
+}
+void *memset(void *d, int c, size_t n)
+{
+	char *dp = d;
+	while (n--) *dp++ = (char)c;
+	return d;
+}
+size_t strlen(const char *s)
+{
+	size_t n = 0;
+	while (s[n]) n++;
+	return n;
+}
+
+/* Nobody waits for the runtime's go-ahead inside the program: farmem holds the program (or the
+ * fork child) stopped until the agent is attached and its filter installed. */
+static void fm_agent_ready(void) {}
+
+__attribute__((used, noreturn)) void fm_agent_thread(void)
+{
+	/* The program's handlers must not run here. Until this, a signal for the process could be
+	 * delivered to this thread; in the program farmem started, no handler is installed yet (the
+	 * program has not run), so its default action is the process's whichever thread takes it; in
+	 * a fork child the new thread inherits the forking thread's mask, and farmem holds the child
+	 * stopped until the agent has said hello. */
+	uint64_t all = ~0ULL;
+	raw6(SYS_rt_sigprocmask, SIG_BLOCK, (long)&all, 0, sizeof all, 0, 0);
+	agent_sock = connect_path(fm_params.sock);
+	if (agent_sock < 0) die_runtime_lost();
+	agent_serve(fm_params.mem, fm_params.mem_len);
+	for (;;) raw6(SYS_exit, 0, 0, 0, 0, 0, 0);
+}
+
+/* fm_clone_thread starts the agent thread on its stack (fm_agent_thread never returns there) and
+ * returns its id, or -errno. */
+long fm_clone_thread(long flags, uint64_t stack);
+__asm__(".text\n"
+	".hidden fm_clone_thread\n"
+	"fm_clone_thread:\n"
+	"	mov $56, %eax\n"              /* SYS_clone: flags in rdi, stack in rsi */
+	"	xor %edx, %edx\n"
+	"	xor %r10d, %r10d\n"
+	"	xor %r8d, %r8d\n"
+	"	syscall\n"
+	"	test %rax, %rax\n"
+	"	jnz 1f\n"
+	"	xor %ebp, %ebp\n"             /* the new thread, on its own stack */
+	"	and $-16, %rsp\n"
+	"	call fm_agent_thread\n"
+	"1:	ret\n");
+
+static long spawn_agent(void)
+{
+	return fm_clone_thread(CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM,
+			       fm_params.stack_top);
+}
+
+/* fm_start: in the program farmem started, stopped before its first instruction: farmem has made
+ * its uffd and lifeline (fm_params) and attached it; start the agent thread. */
+__attribute__((used)) long fm_start(void)
+{
+	ufd = fm_params.ufd;
+	lifeline = fm_params.lifeline;
+	return spawn_agent();
+}
+
+/* fm_fork_child: in a fork child of the program, stopped by farmem at its birth: say the child's
+ * hello, as the shim's atfork handler does, and start its agent thread. */
+__attribute__((used)) long fm_fork_child(void)
+{
+	fork_child_hello(fm_params.sock);
+	return spawn_agent();
+}
+
+/* Where farmem points a stopped thread (any stack pointer; farmem sets one it may use): each
+ * calls its function and stops on the int3, where farmem takes the result from rax and puts
+ * every register back. */
+__asm__(".text\n"
+	".globl fm_start_entry, fm_fork_entry\n"
+	".hidden fm_start_entry, fm_fork_entry\n"
+	"fm_start_entry:\n"
+	"	and $-16, %rsp\n"
+	"	call fm_start\n"
+	"	int3\n"
+	"fm_fork_entry:\n"
+	"	and $-16, %rsp\n"
+	"	call fm_fork_child\n"
+	"	int3\n");

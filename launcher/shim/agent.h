@@ -1,0 +1,547 @@
+/* agent.h: what farmem's agent does inside a program, shared by the two ways farmem puts it
+ * there: libfarmem.so, preloaded (shim.c), and the freestanding agent farmem injects into a
+ * program it cannot preload into, a statically linked one (agent.c, through package inject).
+ * Included once by each; it defines the wire format (launcher/proto.go has the Go side), the raw
+ * system calls, the mapping filter, and the agent thread's loop: eviction requests (move, drop),
+ * the staging area, the filter, the system calls the runtime has it make.
+ *
+ * Freestanding: no libc function but memcpy, memset and strlen (which the includer provides
+ * when it has no libc), no TLS, no errno; everything else is a raw system call. The includer
+ * defines fm_agent_ready, what happens when the runtime says the agent is attached. */
+#ifndef FARMEM_AGENT_H
+#define FARMEM_AGENT_H
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <linux/userfaultfd.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+
+#define FM_SYS_clone3 435 /* our build headers may predate it */
+
+static void fm_agent_ready(void);
+
+enum {
+	MSG_HELLO = 1,        /* shim->rt: a=ppid b=features c=flags(1=fork child); a fresh uffd attached */
+	MSG_HELLO_OK = 2,     /* rt->shim: a=status(0 ok, else errno) b=min mapping bytes to register; a fork
+			       * child's FORK-event uffd attached if it is served on that one */
+	MSG_REGISTER = 3,     /* shim->rt: a=addr b=len */
+	MSG_REGISTER_OK = 4,  /* rt->shim: a=status */
+	MSG_AGENT_HELLO = 5,  /* shim->rt on the agent connection: a=tid */
+	MSG_EVICT = 6,        /* rt->shim: n runs follow the header */
+	MSG_EVICT_DONE = 7,   /* shim->rt: a=first errno (0 if all ok) */
+	MSG_FILTER = 8,       /* rt->agent: a=min mapping bytes b=1: guard forks too; install the mapping filter */
+	MSG_FILTER_OK = 9,    /* agent->rt: a=status (0 ok, else errno); the listener fd attached */
+	MSG_SYSCALL = 10,     /* rt->agent: a=nr; six u64 arguments follow the header */
+	MSG_SYSCALL_DONE = 11, /* agent->rt: a=the raw result (-errno on failure) */
+	MSG_AGENT_READY = 12, /* rt->agent: the agent is attached (and, in an armed run, the mapping
+			       * filter installed): the thread that started it may go on */
+	MSG_MOVE = 13,        /* rt->agent: a=dst b=pages; n runs follow: move their pages, in order,
+			       * to consecutive pages from dst on (the staging area) */
+	MSG_MOVE_DONE = 14,   /* agent->rt: n=pages; a status byte a page follows (0 moved, else errno) */
+	MSG_STAGING = 15,     /* rt->agent: a=bytes; map the staging area (see make_staging) */
+	MSG_STAGING_OK = 16,  /* agent->rt: a=its address (0: none), b=errno */
+	PROTO_VERSION = 5,
+	MAX_RUNS = 128,
+	MAX_MOVE_PAGES = 256,
+};
+struct fm_msg {
+	uint32_t type, version;
+	int32_t pid, n;
+	uint64_t a, b, c;
+};
+struct fm_run { uint64_t addr, len; };
+
+static long raw6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long ret;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+	return ret;
+}
+
+/* exempt6 is raw6 through the one syscall instruction the mapping filter lets pass (its address
+ * is fm_exempt_ip, the instruction after it, which is what seccomp reports). Never inlined: there
+ * must be exactly one such instruction. */
+extern const char fm_exempt_ip[];
+__attribute__((noinline)) static long exempt6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long ret;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall\n.globl fm_exempt_ip\n.hidden fm_exempt_ip\nfm_exempt_ip:"
+			 : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+	return ret;
+}
+
+static void say(const char *s)
+{
+	raw6(SYS_write, 2, (long)"farmem shim: ", 13, 0, 0, 0);
+	raw6(SYS_write, 2, (long)s, strlen(s), 0, 0, 0);
+	raw6(SYS_write, 2, (long)"\n", 1, 0, 0, 0);
+}
+
+/* The runtime is gone: nobody can serve this program's evicted pages any more. Stop it rather
+ * than let it run on (docs/DESIGN.md, "Invariants", 3). */
+static void die_runtime_lost(void)
+{
+	say("lost the farmem runtime; stopping the program (its evicted pages cannot be served)");
+	raw6(SYS_kill, raw6(SYS_getpid, 0, 0, 0, 0, 0, 0), SIGKILL, 0, 0, 0, 0);
+	for (;;) raw6(SYS_pause, 0, 0, 0, 0, 0, 0);
+}
+
+/* connect_path connects to the runtime's socket at path ('@': the abstract namespace). */
+static int connect_path(const char *path)
+{
+	int s = raw6(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, 0, 0, 0);
+	if (s < 0) return -1;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t n = strlen(path);
+	if (n >= sizeof sa.sun_path) n = sizeof sa.sun_path - 1;
+	memcpy(sa.sun_path, path, n);
+	if (path[0] == '@') sa.sun_path[0] = 0; /* abstract namespace */
+	if (raw6(SYS_connect, s, (long)&sa, offsetof(struct sockaddr_un, sun_path) + n, 0, 0, 0) < 0) {
+		raw6(SYS_close, s, 0, 0, 0, 0, 0);
+		return -1;
+	}
+	return s;
+}
+
+/* send_msg2 sends a message with up to two fds (a negative fd: none; fd2 only with fd). */
+static long send_msg2(int s, const void *buf, size_t len, int fd, int fd2)
+{
+	struct iovec iov = { (void *)buf, len };
+	char cbuf[CMSG_SPACE(2 * sizeof(int))];
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (fd >= 0) {
+		int fds[2] = { fd, fd2 }, n = fd2 >= 0 ? 2 : 1;
+		memset(cbuf, 0, sizeof cbuf);
+		mh.msg_control = cbuf, mh.msg_controllen = CMSG_SPACE(n * sizeof(int));
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(n * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, n * sizeof(int));
+	}
+	long r;
+	do r = raw6(SYS_sendmsg, s, (long)&mh, MSG_NOSIGNAL, 0, 0, 0); while (r == -EINTR);
+	return r;
+}
+
+static long send_msg(int s, const void *buf, size_t len, int fd) { return send_msg2(s, buf, len, fd, -1); }
+
+static long recv_msg(int s, void *buf, size_t len, int *fd)
+{
+	struct iovec iov = { buf, len };
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf };
+	long r;
+	do r = raw6(SYS_recvmsg, s, (long)&mh, MSG_CMSG_CLOEXEC, 0, 0, 0); while (r == -EINTR);
+	if (fd) {
+		*fd = -1;
+		struct cmsghdr *c = mh.msg_controllen ? CMSG_FIRSTHDR(&mh) : NULL;
+		if (r > 0 && c && c->cmsg_type == SCM_RIGHTS) memcpy(fd, CMSG_DATA(c), sizeof(int));
+	}
+	return r;
+}
+
+/* ---- the mapping filter (item 5) */
+
+/* install_filter puts the filter on every thread of the process and returns its listener fd, or
+ * -errno. With guard_forks it also hands the runtime every fork (fork, and clone without
+ * CLONE_VM: a new mm; threads and vfork share this one), which it lets pass or refuses, and
+ * fails clone3 with ENOSYS (its flags are in memory, out of a filter's sight; libcs then fall
+ * back to clone, as they do under container runtimes' filters). It needs CAP_SYS_ADMIN (farmem runs as root) or no_new_privs, which we do not set: it
+ * would change what the program's own exec of a setuid binary does. */
+static long install_filter(uint64_t min_bytes, int guard_forks)
+{
+	uint64_t ip = (uint64_t)fm_exempt_ip;
+	enum { ARG_LO = 0, ARG_HI = 4 }; /* little-endian halves of an argument */
+#define ARG(i, half) (offsetof(struct seccomp_data, args) + 8 * (i) + (half))
+	struct sock_filter arch[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	/* Falls through to maps (below) for every call it does not decide. */
+	struct sock_filter forks[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, FM_SYS_clone3, 0, 1),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fork, 3, 0),                   /* -> notify */
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3),                  /* -> maps */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(0, ARG_LO)),
+		BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_VM, 1, 0),                   /* -> maps */
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+	};
+	struct sock_filter maps[] = {
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_brk, 10, 0),                  /* -> ip check */
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		/* mmap: private anonymous, not a thread stack, at least min_bytes long */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(3, ARG_LO)),
+		BPF_STMT(BPF_ALU | BPF_AND | BPF_K, MAP_ANONYMOUS | MAP_SHARED | MAP_PRIVATE | MAP_STACK),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, MAP_ANONYMOUS | MAP_PRIVATE, 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(1, ARG_HI)),
+		BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, 0, 2, 0),                          /* >= 4 GiB */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(1, ARG_LO)),
+		BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, (uint32_t)min_bytes, 0, 5),        /* short: allow */
+		/* ip check: our own syscall instruction passes */
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer)),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)ip, 0, 2),
+		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, instruction_pointer) + 4),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)(ip >> 32), 1, 0),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF),
+		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+#undef ARG
+	struct sock_filter f[sizeof arch / sizeof arch[0] + sizeof forks / sizeof forks[0] + sizeof maps / sizeof maps[0]];
+	unsigned short n = 0;
+	memcpy(f + n, arch, sizeof arch), n += sizeof arch / sizeof arch[0];
+	if (guard_forks) memcpy(f + n, forks, sizeof forks), n += sizeof forks / sizeof forks[0];
+	memcpy(f + n, maps, sizeof maps), n += sizeof maps / sizeof maps[0];
+	struct sock_fprog prog = { n, f };
+	return exempt6(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+		       SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_TSYNC | SECCOMP_FILTER_FLAG_TSYNC_ESRCH,
+		       (long)&prog, 0, 0, 0);
+}
+
+/* ---- agent thread: executes eviction requests, installs the filter, performs notified calls */
+static int agent_sock = -1;
+/* drop_runs madvise(MADV_DONTNEED)s the runs of one eviction batch and returns the first errno (0
+ * if all went well). Each run raises a REMOVE event, and its madvise waits until the runtime has
+ * read it. One process_madvise over all the runs does those waits back to back and flushes the TLB
+ * once for the batch, where a madvise per run flushes it per run, an IPI to every CPU the program
+ * ran on each time (probes/dropbatch.c measures both; docs/DESIGN.md, "Evicting a page"). Linux
+ * allows process_madvise(MADV_DONTNEED) on the caller itself since 6.13 (and PIDFD_SELF_THREAD,
+ * no fd needed, since 6.15); on an older kernel the first batch finds out and every later one
+ * uses the madvise loop. */
+#define FM_PIDFD_SELF_THREAD (-10000)
+enum { PM_UNKNOWN, PM_SELF, PM_PIDFD, PM_NONE };
+static int drop_how = PM_UNKNOWN;
+/* drop_pidfd: PM_PIDFD's pidfd of this process. A fork child must not inherit it (atfork_child
+ * closes it): it names the parent, whose pages the child's drops would then discard. */
+static long drop_pidfd = -1;
+static void drop_runs(struct fm_run *runs, int n, int *err)
+{
+	int how = drop_how;
+	long pidfd = drop_pidfd;
+	struct iovec iov[MAX_RUNS];
+	for (int i = 0; i < n; i++) iov[i].iov_base = (void *)runs[i].addr, iov[i].iov_len = runs[i].len;
+	int i = 0;
+	while (i < n && how != PM_NONE) {
+		if (how == PM_PIDFD && pidfd < 0) pidfd = raw6(SYS_pidfd_open, raw6(SYS_getpid, 0, 0, 0, 0, 0, 0), 0, 0, 0, 0, 0);
+		long fd = how == PM_PIDFD ? pidfd : FM_PIDFD_SELF_THREAD;
+		long r = raw6(SYS_process_madvise, fd, (long)(iov + i), n - i, MADV_DONTNEED, 0, 0);
+		if (r >= 0) {
+			if (how == PM_UNKNOWN) how = PM_SELF;
+			/* r is the bytes advised: skip the runs it covers (all of them, unless an error
+			 * stopped it; the next call then reports that error). */
+			for (; i < n && (size_t)r >= iov[i].iov_len; i++) r -= iov[i].iov_len;
+			continue;
+		}
+		if (how == PM_UNKNOWN && r == -EBADF) { /* before 6.15: no PIDFD_SELF_THREAD */
+			how = PM_PIDFD;
+			continue;
+		}
+		if ((how == PM_UNKNOWN || how == PM_PIDFD) && i == 0 && (r == -EINVAL || r == -ENOSYS || r == -EPERM || (how == PM_PIDFD && pidfd < 0))) {
+			how = PM_NONE; /* before 6.13 (or no pidfd): madvise each run below */
+			break;
+		}
+		/* This run failed (the program unmapped it, say): note it and go on with the next. */
+		if (!*err) *err = -r;
+		i++;
+	}
+	drop_how = how;
+	drop_pidfd = pidfd;
+	for (; i < n; i++) {
+		long r = raw6(SYS_madvise, runs[i].addr, runs[i].len, MADV_DONTNEED, 0, 0, 0);
+		if (r < 0 && !*err) *err = -r;
+	}
+}
+
+/* open_uffd returns a new userfaultfd (before its UFFDIO_API), or -errno. */
+static int open_uffd(void)
+{
+	int dev = raw6(SYS_open, (long)"/dev/userfaultfd", O_RDWR | O_CLOEXEC, 0, 0, 0, 0);
+	int fd = dev >= 0 ? raw6(SYS_ioctl, dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0)
+			  : raw6(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0, 0, 0, 0);
+	if (dev >= 0) raw6(SYS_close, dev, 0, 0, 0, 0, 0);
+	return fd;
+}
+
+/* The staging area: where the agent moves a batch's victims (move_runs), for the runtime to read
+ * and have dropped. It is registered, because UFFDIO_MOVE moves only into a range registered with
+ * the uffd it is issued on (and with the same protection as the source: MISSING|WP, as the
+ * runtime registers the program's mappings). But on a uffd of its own, stage_ufd, with no
+ * features: so its drop raises no REMOVE event for the runtime to read (one round trip between
+ * the two processes saved per batch), and a fork child does not inherit its registration
+ * (stage_ufd has no EVENT_FORK). Nobody reads stage_ufd: nothing ever faults in the area. */
+static int stage_ufd = -1;
+static uint64_t make_staging(uint64_t bytes, uint64_t *err)
+{
+	long a = exempt6(SYS_mmap, 0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a < 0) { *err = -a; return 0; }
+	int fd = open_uffd();
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register r = { .range = { (uint64_t)a, bytes }, .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP };
+	long e = fd < 0 ? fd : raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0);
+	if (e >= 0) e = raw6(SYS_ioctl, fd, UFFDIO_REGISTER, (long)&r, 0, 0, 0);
+	if (e < 0) {
+		*err = -e;
+		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+		exempt6(SYS_munmap, a, bytes, 0, 0, 0, 0);
+		return 0;
+	}
+	stage_ufd = fd;
+	return (uint64_t)a;
+}
+
+/* UFFDIO_MOVE (Linux 6.8); our build headers may predate it. */
+struct fm_uffdio_move { uint64_t dst, src, len, mode; int64_t move; };
+#define FM_UFFDIO_MOVE 0xC028AA05UL /* _IOWR(UFFDIO, 0x05, struct uffdio_move) */
+#define FM_UFFDIO_MOVE_MODE_DONTWAKE 1ULL
+#define FM_PAGE 4096ULL
+
+/* move_runs moves the pages of one eviction batch's runs out of the program into the staging
+ * area, the batch's page k to dst + k pages, with UFFDIO_MOVE, and sets status[k] to 0, or to the
+ * errno that kept page k where it is:
+ *   EBUSY   still shared with a fork child (copy-on-write) or pinned: the kernel moves only a
+ *           page this process alone maps, until the program writes it;
+ *   ENOENT  absent: the program discarded it meanwhile;
+ *   EAGAIN  an event the runtime has not read yet (the program's madvise, munmap, fork) blocks
+ *           every move: tried again a little later, a bounded number of times;
+ *   EINVAL  the run crosses two mappings (a move stays within one): tried page by page; a page
+ *           that still fails is in a mapping the kernel will not move from (another protection,
+ *           mlock);
+ *   ENOTTY  a kernel before 6.8.
+ * A move stays in this process (probes/movecost.c measures it), where a drop costs a REMOVE
+ * round trip with the runtime per run. The runtime evicts the pages that did not move the drop
+ * way, so a page reported unmoved must still be in the program: see reconcile_moves. */
+static void move_runs(const struct fm_run *runs, int n, uint64_t dst, uint8_t *status, int pages)
+{
+	int budget = 200; /* EAGAIN retries for the whole batch: at most ~4 ms */
+	int k = 0;        /* the batch index of run i's first page */
+	for (int i = 0; i < n && k < pages; i++) {
+		uint64_t len = runs[i].len, done = 0;
+		if ((uint64_t)(pages - k) * FM_PAGE < len) len = (uint64_t)(pages - k) * FM_PAGE;
+		int single = 0;
+		while (done < len) {
+			uint64_t want = single ? FM_PAGE : len - done;
+			struct fm_uffdio_move mv = { .dst = dst + (uint64_t)k * FM_PAGE + done, .src = runs[i].addr + done,
+						     .len = want, .mode = FM_UFFDIO_MOVE_MODE_DONTWAKE };
+			long r = raw6(SYS_ioctl, stage_ufd, FM_UFFDIO_MOVE, (long)&mv, 0, 0, 0);
+			uint64_t moved = r == 0 ? want : mv.move > 0 ? (uint64_t)mv.move : 0;
+			for (uint64_t b = 0; b < moved; b += FM_PAGE) status[k + (done + b) / FM_PAGE] = 0;
+			done += moved;
+			if (r == 0 || moved > 0) continue; /* on to the rest, or to the page that stopped it */
+			if (r == -EAGAIN && budget-- > 0) {
+				struct timespec ts = { 0, 20000 };
+				raw6(SYS_nanosleep, (long)&ts, 0, 0, 0, 0, 0);
+				continue;
+			}
+			if (r == -EINVAL && !single && want > FM_PAGE) {
+				single = 1;
+				continue;
+			}
+			status[k + done / FM_PAGE] = -r > 255 ? 255 : (uint8_t)-r;
+			done += FM_PAGE;
+		}
+		k += runs[i].len / FM_PAGE;
+	}
+}
+
+/* reconcile_moves makes the statuses of a MOVE say what the staging area shows, not what the
+ * ioctls returned: page k moved if and only if its staging page was absent before (before[k],
+ * from mincore) and is present after. Two CI runs hung on pages the returns said stayed, which
+ * were gone from the program: read there by the runtime, they fault for ever. A page that
+ * moved is reported moved (0) whatever the ioctl said; one said moved but not there is EIO. */
+static void reconcile_moves(uint64_t dst, uint8_t *status, int pages, const unsigned char *before)
+{
+	unsigned char after[MAX_MOVE_PAGES];
+	if (raw6(SYS_mincore, dst, pages * FM_PAGE, (long)after, 0, 0, 0) < 0) return;
+	for (int k = 0; k < pages; k++) {
+		int moved = !(before[k] & 1) && (after[k] & 1);
+		if (moved) status[k] = 0;
+		else if (status[k] == 0) status[k] = EIO;
+	}
+}
+
+/* ---- the process's handshake: its control connection, uffd and lifeline */
+static int ctl = -1, ufd = -1;
+static uint64_t min_map = 1 << 20;
+
+/* make_lifeline returns the write end of a new pipe, for the runtime to hold, and keeps the read
+ * end in lifeline, set to SIGKILL this process once no writer is left (O_ASYNC signals a pipe's
+ * readers when its last writer closes; F_SETSIG makes that signal SIGKILL). The runtime holds the
+ * only write end until the process's control connection ends, so the kill comes exactly when the
+ * runtime dies first. Nothing else can end a process whose threads wait on the dead runtime:
+ * a fault on an evicted page, or the agent's drop waiting for its REMOVE to be read, sleeps until
+ * SIGKILL; the agent cannot notice the runtime's end while it is the one waiting; and only the
+ * program farmem started gets farmem's parent-death signal, not a fork child such as redis's
+ * BGSAVE, which without it hangs in handle_userfault forever. -1: no lifeline (the process
+ * then still has the agent's end-of-connection check). */
+static int lifeline = -1;
+static int make_lifeline(void)
+{
+	int p[2];
+	if (raw6(SYS_pipe2, (long)p, O_CLOEXEC, 0, 0, 0, 0) < 0) return -1;
+	if (raw6(SYS_fcntl, p[0], F_SETOWN, raw6(SYS_getpid, 0, 0, 0, 0, 0, 0), 0, 0, 0) < 0 ||
+	    raw6(SYS_fcntl, p[0], F_SETSIG, SIGKILL, 0, 0, 0) < 0 ||
+	    raw6(SYS_fcntl, p[0], F_SETFL, O_ASYNC | O_NONBLOCK, 0, 0, 0) < 0) {
+		raw6(SYS_close, p[0], 0, 0, 0, 0, 0);
+		raw6(SYS_close, p[1], 0, 0, 0, 0, 0);
+		return -1;
+	}
+	lifeline = p[0];
+	return p[1];
+}
+
+/* hello performs the handshake on a fresh control connection, sending our uffd and our lifeline's
+ * write end. fork_child: if the parent had ranges registered when it forked, the runtime serves us
+ * on the uffd of the parent's FORK event instead and sends it back as our keep-alive copy. */
+static int hello(int fork_child, uint64_t features)
+{
+	struct fm_msg h = { .type = MSG_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
+			    .a = raw6(SYS_getppid, 0, 0, 0, 0, 0, 0), .b = features, .c = fork_child };
+	int w = make_lifeline();
+	long sent = send_msg2(ctl, &h, sizeof h, ufd, w);
+	if (w >= 0) raw6(SYS_close, w, 0, 0, 0, 0, 0); /* the runtime's copy is the only writer now */
+	if (sent < 0) return -1;
+	struct fm_msg r;
+	int fd = -1;
+	if (recv_msg(ctl, &r, sizeof r, &fd) != sizeof r || r.type != MSG_HELLO_OK) return -1;
+	if (r.a) return -1;
+	if (r.b) min_map = r.b;
+	if (fd >= 0) {
+		raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
+		ufd = fd;
+	}
+	return 0;
+}
+
+/* new_uffd creates this process's userfaultfd with the features the runtime relies on. */
+static int new_uffd(uint64_t *features)
+{
+	int fd = open_uffd();
+	if (fd < 0) { say("cannot create a userfaultfd (need root or access to /dev/userfaultfd)"); return -1; }
+	struct uffdio_api api = { .api = UFFD_API,
+		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
+			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
+	if (raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0) < 0) { say("UFFDIO_API refused the features farmem needs"); return -1; }
+	*features = api.features;
+	return fd;
+}
+
+static void close_fd(int *fd)
+{
+	if (*fd >= 0) raw6(SYS_close, *fd, 0, 0, 0, 0, 0);
+	*fd = -1;
+}
+
+/* fork_child_hello gives a fork child its own connection, uffd and lifeline, dying if the
+ * runtime cannot be reached. The descriptors it inherited are its parent's: the parent's agent
+ * connection, uffd, lifeline (which signals the parent), drop pidfd (which names the parent,
+ * whose pages the child's drops would then discard) and staging uffd are closed. The parent's
+ * staging area was copied, unregistered: the runtime may read pages the parent had staged from
+ * it (its page table's Stage), so it stays; this process moves nothing into it. */
+static void fork_child_hello(const char *sock)
+{
+	close_fd(&ctl);
+	close_fd(&agent_sock);
+	close_fd(&ufd);
+	close_fd(&lifeline);
+	close_fd(&stage_ufd);
+	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
+	drop_pidfd = -1;
+	uint64_t features;
+	ctl = connect_path(sock);
+	ufd = new_uffd(&features);
+	if (ctl < 0 || ufd < 0 || hello(1, features) < 0) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
+}
+
+/* agent_serve runs the agent thread's work on agent_sock, for ever: it says AGENT_HELLO (the
+ * thread's id, and the memory it works from, [mem, mem+mem_len), which the runtime must never
+ * evict: its stack), then executes the runtime's requests. The caller has blocked every signal:
+ * the program's handlers must not run on this thread. */
+static void agent_serve(uint64_t mem, uint64_t mem_len)
+{
+	/* Everything the agent touches while it moves pages is on its stack, which the runtime never
+	 * evicts (AGENT_HELLO's b, c). Not in TLS: glibc keeps that above the stack, where pages can be
+	 * victims, and a page the agent moves out of its own reach would wait for the batch the agent
+	 * is executing. */
+	char buf[sizeof(struct fm_msg) + MAX_RUNS * sizeof(struct fm_run)] __attribute__((aligned(8)));
+	/* The runtime exempts this thread's own faults from cap throttling: eviction needs it. */
+	struct fm_msg h = { .type = MSG_AGENT_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
+			    .a = raw6(SYS_gettid, 0, 0, 0, 0, 0, 0), .b = mem, .c = mem_len };
+	if (send_msg(agent_sock, &h, sizeof h, -1) < 0) die_runtime_lost();
+	for (;;) {
+		long n = recv_msg(agent_sock, buf, sizeof buf, NULL);
+		if (n <= 0) die_runtime_lost();
+		struct fm_msg *m = (struct fm_msg *)buf;
+		if (n < (long)sizeof *m) continue;
+		if (m->type == MSG_SYSCALL && n >= (long)(sizeof *m + 6 * sizeof(uint64_t))) {
+			uint64_t *a = (uint64_t *)(buf + sizeof *m);
+			struct fm_msg done = { .type = MSG_SYSCALL_DONE, .version = PROTO_VERSION,
+					       .a = exempt6(m->a, a[0], a[1], a[2], a[3], a[4], a[5]) };
+			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+			continue;
+		}
+		if (m->type == MSG_STAGING) {
+			struct fm_msg done = { .type = MSG_STAGING_OK, .version = PROTO_VERSION };
+			if (stage_ufd < 0) done.a = make_staging(m->a, &done.b);
+			else done.b = EEXIST;
+			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+			continue;
+		}
+		if (m->type == MSG_AGENT_READY) {
+			fm_agent_ready();
+			continue;
+		}
+		if (m->type == MSG_FILTER) {
+			long fd = install_filter(m->a, m->b & 1);
+			struct fm_msg done = { .type = MSG_FILTER_OK, .version = PROTO_VERSION, .a = fd < 0 ? -fd : 0 };
+			if (send_msg(agent_sock, &done, sizeof done, fd < 0 ? -1 : fd) < 0) die_runtime_lost();
+			if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+			continue;
+		}
+		struct fm_run *runs = (struct fm_run *)(buf + sizeof *m);
+		int nruns = m->n < MAX_RUNS ? m->n : MAX_RUNS;
+		if ((long)(sizeof *m + nruns * sizeof *runs) > n) nruns = (n - sizeof *m) / sizeof *runs;
+		if (m->type == MSG_MOVE) {
+			char out[sizeof(struct fm_msg) + MAX_MOVE_PAGES] __attribute__((aligned(8)));
+			int pages = m->b < MAX_MOVE_PAGES ? (int)m->b : MAX_MOVE_PAGES;
+			struct fm_msg *d = (struct fm_msg *)out;
+			*d = (struct fm_msg){ .type = MSG_MOVE_DONE, .version = PROTO_VERSION, .n = pages };
+			uint8_t *st = (uint8_t *)(out + sizeof *d);
+			for (int k = 0; k < pages; k++) st[k] = ECANCELED; /* past the runs: never asked */
+			unsigned char before[MAX_MOVE_PAGES];
+			long mc = raw6(SYS_mincore, m->a, pages * FM_PAGE, (long)before, 0, 0, 0);
+			move_runs(runs, nruns, m->a, st, pages);
+			if (mc == 0) reconcile_moves(m->a, st, pages, before);
+			if (send_msg(agent_sock, out, sizeof *d + pages, -1) < 0) die_runtime_lost();
+			continue;
+		}
+		if (m->type != MSG_EVICT) continue;
+		int err = 0;
+		drop_runs(runs, nruns, &err);
+		struct fm_msg done = { .type = MSG_EVICT_DONE, .version = PROTO_VERSION, .n = m->n, .a = err };
+		if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+	}
+}
+#endif
