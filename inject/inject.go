@@ -292,27 +292,17 @@ func (t *Tracee) Call(rip, rsp uint64, nr uintptr, args ...uint64) (uint64, erro
 // Write writes b into the tracee's memory at addr (process_vm_writev: the pages must be
 // writable in the tracee).
 func (t *Tracee) Write(addr uint64, b []byte) error {
-	if err := t.check(); err != nil {
-		return err
-	}
-	for len(b) > 0 {
-		local := []unix.Iovec{{Base: &b[0]}}
-		local[0].SetLen(len(b))
-		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
-		n, err := unix.ProcessVMWritev(t.pid, local, remote, 0)
-		if err != nil {
-			return fmt.Errorf("inject: writing %d bytes at %#x: %w", len(b), addr, err)
-		}
-		if n == 0 {
-			return fmt.Errorf("inject: writing %d bytes at %#x: nothing written", len(b), addr)
-		}
-		b, addr = b[n:], addr+uint64(n)
-	}
-	return nil
+	return t.transfer(unix.ProcessVMWritev, "writing", addr, b)
 }
 
 // Read reads len(b) bytes of the tracee's memory at addr (process_vm_readv).
 func (t *Tracee) Read(addr uint64, b []byte) error {
+	return t.transfer(unix.ProcessVMReadv, "reading", addr, b)
+}
+
+// transfer moves b to or from the tracee's memory at addr with rw (process_vm_writev or
+// process_vm_readv), until all of it has gone: either call may move less than asked.
+func (t *Tracee) transfer(rw func(int, []unix.Iovec, []unix.RemoteIovec, uint) (int, error), what string, addr uint64, b []byte) error {
 	if err := t.check(); err != nil {
 		return err
 	}
@@ -320,12 +310,12 @@ func (t *Tracee) Read(addr uint64, b []byte) error {
 		local := []unix.Iovec{{Base: &b[0]}}
 		local[0].SetLen(len(b))
 		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
-		n, err := unix.ProcessVMReadv(t.pid, local, remote, 0)
+		n, err := rw(t.pid, local, remote, 0)
 		if err != nil {
-			return fmt.Errorf("inject: reading %d bytes at %#x: %w", len(b), addr, err)
+			return fmt.Errorf("inject: %s %d bytes at %#x: %w", what, len(b), addr, err)
 		}
 		if n == 0 {
-			return fmt.Errorf("inject: reading %d bytes at %#x: nothing read", len(b), addr)
+			return fmt.Errorf("inject: %s %d bytes at %#x: nothing moved", what, len(b), addr)
 		}
 		b, addr = b[n:], addr+uint64(n)
 	}
