@@ -10,7 +10,8 @@
 set -euo pipefail
 [ $# -gt 0 ] || { echo "usage: $0 CAP..." >&2; exit 2; }
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+sum=$(mktemp)
+trap 'rm -f "$log" "$sum"' EXIT
 one() { # PREFIX...: the zipfian phase's ops/s
 	local port=$((20000 + RANDOM % 20000))
 	"$@" redis-server --port $port --bind 127.0.0.1 --save "" --appendonly no >"$log" 2>&1 &
@@ -24,7 +25,7 @@ for r in $(seq "${ROUNDS:-3}"); do
 	line="round $r native $(one env)"
 	for cap in "$@"; do
 		for bin in ${FARMEMS:-bin/farmem}; do
-			line="$line | $bin $cap $(one "$bin" run --local-mem "$cap" --) ($(grep -o 'not armed\|armed[^;]*' "$log" | head -1))"
+			line="$line | $bin $cap $(one "$bin" run --summary-json "$sum" --local-mem "$cap" --) ($(jq -r 'if .armed then "armed at \(.armed_at_bytes) bytes" else "not armed" end' "$sum"))"
 		done
 	done
 	echo "$line"
