@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"time"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/procfs"
+	"github.com/farmem/farmem/uffd"
 )
 
 // Attach adopts a program process that said hello with its uffd.
@@ -103,9 +105,14 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 		rt.mu.Lock()
 	}
 	parent := rt.byPid[ppid]
-	q := rt.forks[parent]
-	c := q[0]
-	rt.forks[parent] = q[1:]
+	c, gone := rt.nextForkedLocked(parent, pid)
+	for _, g := range gone {
+		defer rt.retire(g)
+	}
+	if c == nil {
+		rt.mu.Unlock()
+		return nil, fmt.Errorf("fork child %d: its parent %d's FORK events were all of forks that failed", pid, ppid)
+	}
 	c.pid.Store(int32(pid))
 	c.forks.Store(parent.forks.Load())
 	rt.byPid[pid] = c
@@ -113,6 +120,53 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 	programAffinity(pid, parent) // undo a pinning it inherited; c already has the parent's
 	rt.watchExit(c, pid)
 	return c, nil
+}
+
+// nextForkedLocked takes the next of parent's FORK events (rt.mu held) for its child pid, and
+// returns the events it passed over, of children whose memory is gone, for the caller to retire.
+//
+// The kernel raises the FORK event while it copies the parent's memory, and the fork can still
+// fail after that, before the child ever runs (a signal arrived meanwhile): its memory is freed
+// and no hello comes. Matched in order, the next child would be served on that dead child's
+// uffd, and its own, which holds its registrations, on nothing: once closed, its evicted pages
+// would read as zeros. So an event is taken only if its memory is still there.
+func (rt *Runtime) nextForkedLocked(parent *Process, pid int) (c *Process, gone []*Process) {
+	probe, err := vdso(pid)
+	q := rt.forks[parent]
+	for len(q) > 0 {
+		c, q = q[0], q[1:]
+		if err != nil || !forkMemoryGone(c.fd, probe) {
+			rt.forks[parent] = q
+			return c, gone
+		}
+		gone = append(gone, c)
+		c = nil
+	}
+	rt.forks[parent] = q
+	return nil, gone
+}
+
+// forkMemoryGone reports whether the memory a FORK event's uffd fd stands for is gone (its
+// child failed to be born, or exited). A zero-page request at probe, an address no uffd can
+// register (the vDSO, where fork put it in every child of one parent), installs nothing: it
+// answers ESRCH when the memory is gone, and ENOENT (no registered range there) otherwise.
+func forkMemoryGone(fd int, probe uint64) bool {
+	_, err := uffd.ZeroPage(fd, probe, uint64(PageSize), uffd.ZeroPageDontWake)
+	return errors.Is(err, unix.ESRCH)
+}
+
+// vdso returns the address of pid's vDSO.
+func vdso(pid int) (uint64, error) {
+	var addr uint64
+	err := procfs.Maps(pid, func(m procfs.Mapping) {
+		if m.Path == "[vdso]" {
+			addr = m.Start
+		}
+	})
+	if err == nil && addr == 0 {
+		err = fmt.Errorf("process %d has no vDSO", pid)
+	}
+	return addr, err
 }
 
 // Lookup returns the process with pid.
