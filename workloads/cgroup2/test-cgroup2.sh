@@ -28,61 +28,18 @@ cache=${CGROUP2_CACHE:-$repo/.cache/cgroup2-guest}
 guest_timeout=${CGROUP2_TIMEOUT:-200}
 smp=${QEMU_SMP:-2}
 GO=${GO:-go}
+. "$repo/workloads/qemu/guest-kernel.sh"
 t0=$(date +%s)
 say() { echo "test-cgroup2: $*"; }
 die() { echo "test-cgroup2: FAIL: $*" >&2; exit 1; }
 
 # 1. Host packages: qemu, busybox for the guest's init, kmod's modinfo for module dependencies.
-need=()
-for p in qemu-system-x86 busybox-static cpio kmod gcc; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  say "installing ${need[*]}"
-  [ "$(id -u)" = 0 ] || die "missing packages ${need[*]} (run as root, or apt-get install them)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+need_packages qemu-system-x86 busybox-static cpio kmod gcc
 
 # 2. The guest kernel and zram's modules (lz4 for linux-swap.sh's compressor), with their
 # dependencies in load order.
-if [ ! -s "$cache/vmlinuz" ] || [ ! -s "$cache/mods/order" ]; then
-  kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
-  pkg=${CGROUP2_KERNEL_PKG:-$(kernel_pkg)}
-  if [ -z "$pkg" ] && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && pkg=$(kernel_pkg)
-  fi
-  [ -n "$pkg" ] || die "apt-cache names no kernel for linux-image-amd64 (apt-get update?)"
-  say "fetching $pkg"
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1) || die "apt-get download $pkg"
-  dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*' './lib/modules/*/kernel/*'
-  kdir=$(echo "$tmp"/lib/modules/*/kernel)
-  rm -rf "$cache" && mkdir -p "$cache/mods"
-  declare -A seen=()
-  resolve() {
-    local m=$1 f d x
-    [ -n "${seen[$m]:-}" ] && return 0
-    seen[$m]=1
-    f=$(find "$kdir" \( -name "$m.ko" -o -name "${m//_/-}.ko" \) | head -1)
-    if [ -z "$f" ]; then
-      # Built in: nothing to load.
-      return 0
-    fi
-    d=$(modinfo -F depends "$f")
-    for x in ${d//,/ }; do resolve "$x"; done
-    cp "$f" "$cache/mods/$m.ko"
-    echo "$m" >> "$cache/mods/order"
-  }
-  for m in lz4 zram; do resolve "$m"; done
-  [ -s "$cache/mods/zram.ko" ] || die "zram is not a module of $pkg"
-  cp "$tmp"/boot/vmlinuz-* "$cache/vmlinuz"
-  echo "$pkg" > "$cache/kernel"
-  rm -rf "$tmp"
-  trap - EXIT
-fi
+guest_kernel "$cache" "${CGROUP2_KERNEL_PKG:-}" lz4 zram
+[ -s "$cache/mods/zram.ko" ] || die "zram is not a module of $(cat "$cache/kernel")"
 say "kernel $(cat "$cache/kernel"), modules: $(tr '\n' ' ' < "$cache/mods/order")"
 
 # 3. The payload: farmem, micro, the runtime package's tests, linux-swap.sh and bash to run it.

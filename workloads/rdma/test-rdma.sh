@@ -30,59 +30,19 @@ guest_timeout=${RDMA_TIMEOUT:-180}
 # with two it passed).
 smp=${QEMU_SMP:-2}
 GO=${GO:-go}
+. "$repo/workloads/qemu/guest-kernel.sh"
 t0=$(date +%s)
 say() { echo "test-rdma: $*"; }
 die() { echo "test-rdma: FAIL: $*" >&2; exit 1; }
 
 # 1. Host packages: qemu, busybox for the guest's init, verbs headers/libraries to build with
 # (and to copy into the guest), iproute2's rdma tool, kmod's modinfo for module dependencies.
-need=()
-for p in qemu-system-x86 busybox-static cpio libibverbs-dev ibverbs-providers iproute2 kmod gcc; do
-  dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  say "installing ${need[*]}"
-  [ "$(id -u)" = 0 ] || die "missing packages ${need[*]} (run as root, or apt-get install them)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+need_packages qemu-system-x86 busybox-static cpio libibverbs-dev ibverbs-providers iproute2 kmod gcc
 
-# 2. The guest kernel and the modules rdma_rxe needs, with their dependencies in load order.
-if [ ! -s "$cache/vmlinuz" ] || [ ! -s "$cache/mods/order" ]; then
-  kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ {print $2; exit}'; }
-  pkg=${RDMA_KERNEL_PKG:-$(kernel_pkg)}
-  if [ -z "$pkg" ] && [ "$(id -u)" = 0 ]; then
-    # A fresh machine may have no package lists yet.
-    apt-get update -qq && pkg=$(kernel_pkg)
-  fi
-  [ -n "$pkg" ] || die "apt-cache names no kernel for linux-image-amd64 (apt-get update?)"
-  say "fetching $pkg"
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1) || die "apt-get download $pkg"
-  dpkg-deb --fsys-tarfile "$tmp"/*.deb | tar -x -C "$tmp" --wildcards './boot/vmlinuz-*' './lib/modules/*/kernel/*'
-  kdir=$(echo "$tmp"/lib/modules/*/kernel)
-  rm -rf "$cache" && mkdir -p "$cache/mods"
-  declare -A seen=()
-  # crc32_generic first: rxe asks the crypto API for "crc32", and TCG's CPU has no PCLMUL.
-  resolve() {
-    local m=$1 f d x
-    [ -n "${seen[$m]:-}" ] && return 0
-    seen[$m]=1
-    f=$(find "$kdir" \( -name "$m.ko" -o -name "${m//_/-}.ko" \) | head -1)
-    [ -n "$f" ] || die "module $m is not in $pkg"
-    d=$(modinfo -F depends "$f")
-    for x in ${d//,/ }; do resolve "$x"; done
-    cp "$f" "$cache/mods/$m.ko"
-    echo "$m" >> "$cache/mods/order"
-  }
-  for m in crc32_generic rdma_rxe ib_uverbs dummy; do resolve "$m"; done
-  cp "$tmp"/boot/vmlinuz-* "$cache/vmlinuz"
-  echo "$pkg" > "$cache/kernel"
-  rm -rf "$tmp"
-  trap - EXIT
-fi
+# 2. The guest kernel and the modules rdma_rxe needs, with their dependencies in load order
+# (crc32_generic first: rxe asks the crypto API for "crc32", and TCG's CPU has no PCLMUL).
+guest_kernel "$cache" "${RDMA_KERNEL_PKG:-}" crc32_generic rdma_rxe ib_uverbs dummy
+[ -s "$cache/mods/rdma_rxe.ko" ] || die "rdma_rxe is not a module of $(cat "$cache/kernel")"
 say "kernel $(cat "$cache/kernel"), modules: $(tr '\n' ' ' < "$cache/mods/order")"
 
 # 3. The payload: the C probe and the fabric test binary.
