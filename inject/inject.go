@@ -229,23 +229,29 @@ func (t *Tracee) step(r *unix.PtraceRegs) (uint64, error) {
 	if err := t.setRegs(r); err != nil {
 		return 0, err
 	}
-	resume := func() error {
+	after, err := t.runToTrap(func() error {
 		if err := unix.PtraceSingleStep(t.pid); err != nil {
 			return t.fail("PTRACE_SINGLESTEP", err)
 		}
 		return nil
-	}
+	})
+	return after.Rax, err
+}
+
+// runToTrap resumes the stopped thread with resume, waits for its next trap (resuming it again
+// past any other stop, see waitTrap) and returns its registers there.
+func (t *Tracee) runToTrap(resume func() error) (unix.PtraceRegs, error) {
+	var after unix.PtraceRegs
 	if err := resume(); err != nil {
-		return 0, err
+		return after, err
 	}
 	if err := t.waitTrap(resume); err != nil {
-		return 0, err
+		return after, err
 	}
-	var after unix.PtraceRegs
 	if err := unix.PtraceGetRegs(t.pid, &after); err != nil {
-		return 0, t.fail("PTRACE_GETREGS", err)
+		return after, t.fail("PTRACE_GETREGS", err)
 	}
-	return after.Rax, nil
+	return after, nil
 }
 
 // Call runs the tracee's stopped thread from rip, with stack pointer rsp, system call number
@@ -267,21 +273,14 @@ func (t *Tracee) Call(rip, rsp uint64, nr uintptr, args ...uint64) (uint64, erro
 	if err := t.setRegs(&r); err != nil {
 		return 0, err
 	}
-	resume := func() error {
+	after, err := t.runToTrap(func() error {
 		if err := unix.PtraceCont(t.pid, 0); err != nil {
 			return t.fail("PTRACE_CONT", err)
 		}
 		return nil
-	}
-	if err := resume(); err != nil {
+	})
+	if err != nil {
 		return 0, err
-	}
-	if err := t.waitTrap(resume); err != nil {
-		return 0, err
-	}
-	var after unix.PtraceRegs
-	if err := unix.PtraceGetRegs(t.pid, &after); err != nil {
-		return 0, t.fail("PTRACE_GETREGS", err)
 	}
 	if err := t.setRegs(&saved); err != nil {
 		return 0, err
