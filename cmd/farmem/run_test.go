@@ -517,15 +517,7 @@ func TestRuntimeDeathStopsForkChild(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 		for _, pid := range tree {
-			gone := false
-			for i := 0; i < 200 && !gone; i++ {
-				b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-				gone = err != nil || strings.Contains(string(b), ") Z ")
-				if !gone {
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
-			if !gone {
+			if !exitsWithin(pid, 10*time.Second) {
 				wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
 				syscall.Kill(pid, syscall.SIGKILL)
 				t.Errorf("killed %v into the BGSAVE: process %d of redis's tree still there 10 s after farmem (waiting in %s)", after, pid, wchan)
@@ -694,4 +686,17 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 		t.Fatalf("kernel release %q: %v", b.String(), err)
 	}
 	return ma > major || ma == major && mi >= minor
+}
+
+// exitsWithin reports whether process pid has exited (gone, or a zombie) within d.
+func exitsWithin(pid int, d time.Duration) bool {
+	for end := time.Now().Add(d); ; time.Sleep(50 * time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
 }

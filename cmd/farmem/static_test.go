@@ -171,15 +171,7 @@ func TestStaticRuntimeDeathStopsForkChild(t *testing.T) {
 	cmd.Process.Kill()
 	cmd.Wait()
 	for _, pid := range tree {
-		gone := false
-		for i := 0; i < 200 && !gone; i++ {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			gone = err != nil || strings.Contains(string(b), ") Z ")
-			if !gone {
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
-		if !gone {
+		if !exitsWithin(pid, 10*time.Second) {
 			syscall.Kill(pid, syscall.SIGKILL)
 			t.Errorf("process %d of the program's tree still there 10 s after farmem was killed", pid)
 		}
@@ -255,18 +247,13 @@ func TestStaticRuntimeDeathStopsProgram(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // well into paging
 	cmd.Process.Kill()
 	cmd.Wait()
-	for i := 0; i < 100; i++ {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
-		if err != nil || strings.Contains(string(b), ") Z ") {
-			if out, _ := os.ReadFile(outFile); strings.Contains(string(out), "BAD") {
-				t.Fatalf("the program read a page that was not its own before it died: %s", out)
-			}
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !exitsWithin(child, 5*time.Second) {
+		syscall.Kill(child, syscall.SIGKILL)
+		t.Fatalf("program %d still running 5 s after farmem was killed", child)
 	}
-	syscall.Kill(child, syscall.SIGKILL)
-	t.Fatalf("program %d still running 5 s after farmem was killed", child)
+	if out, _ := os.ReadFile(outFile); strings.Contains(string(out), "BAD") {
+		t.Fatalf("the program read a page that was not its own before it died: %s", out)
+	}
 }
 
 // Without CAP_SYS_ADMIN the mapping filter cannot go in, and a static program could not be
