@@ -26,6 +26,11 @@ const (
 
 // ring wakes the evictor, or has its next wait return at once. It never blocks.
 func (d *doorbell) ring() {
+	// Already rung: nothing to write. The fault path rings at every fault above the high
+	// watermark, while a round of eviction runs, so most rings find one pending.
+	if d.word.Load() == bellRung {
+		return
+	}
 	if d.word.Swap(bellRung) == bellAsleep {
 		futex(&d.word, futexWakePrivate, 1, nil)
 	}
