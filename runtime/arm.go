@@ -55,13 +55,18 @@ func (rt *Runtime) closeWatch(w *usageWatch) {
 // is the kernel's count: it reads each process's anonymous RSS (statm, one pread) every
 // fastestPoll once armed, less often before (pollInterval), or every slowestPoll while the
 // run's memory cgroup is below the threshold that matters (usageWatch), and rescans a process
-// at once when its RSS drifts from the pages we track by more than unseenPages; otherwise every
-// 100 ms.
+// at once when its RSS drifts from the pages we track by more than unseenPages beyond what its
+// last rescan could not register; otherwise every 100 ms.
 func (rt *Runtime) rescanLoop() {
 	const unseenPages = 512
 	t := time.NewTimer(pollInterval(rt.armed.Load(), 0, rt.armPages))
 	defer t.Stop()
 	last := map[*Process]time.Time{}
+	// unreg is each process's anonymous memory that its last rescan left untracked: mappings
+	// farmem does not register (a JIT's code cache, a file mapping's written copies, what is
+	// smaller than MinRegister). A rescan cannot adopt it, so only growth beyond it counts as
+	// drift; else a program holding more of it than unseenPages is rescanned at every poll.
+	unreg := map[*Process]int64{}
 	anon := map[*Process]int64{}
 	statms := map[*Process]*procfs.Statm{}
 	reserve := evictor.NewBurstReserve(rt.cfg.CapPages)
@@ -113,6 +118,7 @@ func (rt *Runtime) rescanLoop() {
 				s.Close()
 				delete(statms, p)
 				delete(last, p)
+				delete(unreg, p)
 			}
 		}
 		if total > rt.Stats.PeakAnonPages.Load() {
@@ -136,12 +142,16 @@ func (rt *Runtime) rescanLoop() {
 			p.table.Lock()
 			tracked := int64(p.table.Resident())
 			p.table.Unlock()
-			unmanaged += max(a-tracked, 0)
-			if now.Sub(last[p]) < 100*time.Millisecond && a-tracked < unseenPages {
+			gap := max(a-tracked, 0)
+			unmanaged += gap
+			unreg[p] = min(unreg[p], gap)
+			if now.Sub(last[p]) < 100*time.Millisecond && gap-unreg[p] < unseenPages {
 				continue
 			}
 			last[p] = now
-			unseen += p.Rescan()
+			n := p.Rescan()
+			unseen += n
+			unreg[p] = max(gap-n, 0)
 		}
 		rt.Stats.UnseenPages.Add(unseen)
 		rt.evictor.Unmanaged.Store(unmanaged)
