@@ -11,7 +11,8 @@ import (
 
 // The floor configuration: the workload under bin/floorpager (workloads/floor), a minimal C
 // userfaultfd pager built the way farmem pages, at the same cap. It runs the micro workloads
-// only. Its exit line's key=value pairs go into result.floor, and the report's "The floor"
+// and redis (single-threaded, and it never forks with saving off: floorpager refuses fork and
+// mremap rather than serve them wrong). Its exit line's key=value pairs go into result.floor, and the report's "The floor"
 // section sets farmem's throughput and stages against it.
 
 var floorBin = "bin/floorpager"
@@ -19,10 +20,10 @@ var floorBin = "bin/floorpager"
 // floorKeys are the floorpager line's keys the CSV keeps (as floor_KEY columns), in order.
 var floorKeys = []string{"refaults", "evicted", "batches", "pages_per_batch", "runs_per_batch", "pages_per_sec", "bound_pages_per_sec",
 	"fault_ns", "fault_p50_ns", "install_ns", "wake_ns", "evict_ns_page", "move_ns_page", "move_agent_ns_page",
-	"readv_ns_page", "store_ns_page", "drop_ns_page", "drop_agent_ns_batch", "flush_est_ns"}
+	"readv_ns_page", "store_ns_page", "drop_ns_page", "drop_agent_ns_batch", "flush_est_ns", "peak_anon_kib"}
 
-// floorRuns reports whether the floor configuration runs workload w (a micro walk).
-func floorRuns(w workload) bool { return strings.HasPrefix(w.name, "micro") }
+// floorRuns reports whether the floor configuration runs workload w (a micro walk or redis).
+func floorRuns(w workload) bool { return strings.HasPrefix(w.name, "micro") || w.server == "redis" }
 
 // parseFloor reads floorpager's exit line: every key=number pair on the line that starts
 // "floorpager: cap_pages=". nil if there is none (it was killed, or is not floorpager's output).
@@ -149,8 +150,8 @@ func (h *harness) floorSection(p func(string, ...any), wls []workload, pcts []in
 		}
 	}
 	p("\n## The floor\n\n")
-	p("**floor** is [bin/floorpager](../workloads/floor/README.md) at the same cap: a minimal pager in C built the way farmem pages (the uffd made in the program by a preload shim and sent over a unix socket, with farmem's features; the mappings registered MISSING|WP from the pager; faults served by one thread on the program's CPU; eviction in batches of up to 256 of the oldest pages, moved out by the shim's agent thread with UFFDIO_MOVE into a staging area, read with process_vm_readv, copied into a plain array of slots, the staging area dropped by the agent), with nothing else: no prefetch, no dirty tracking, FIFO. It runs the micro workloads only, and is verified as every run is (micro checks every page). What it sustains is the most a userfaultfd pager of this design does on this machine; farmem's figures as multiples of it say how far farmem is from that floor, stage by stage.\n")
-	p("\n| workload | cap | floor throughput | farmem throughput | farmem / floor | floor faults served /s | farmem-none / floor |\n|---|---|---|---|---|---|---|\n")
+	p("**floor** is [bin/floorpager](../workloads/floor/README.md) at the same cap: a minimal pager in C built the way farmem pages (the uffd made in the program by a preload shim and sent over a unix socket, with farmem's features; the mappings registered MISSING|WP from the pager; faults served by one thread on the program's CPU; eviction in batches of up to 256 of the oldest pages, moved out by the shim's agent thread with UFFDIO_MOVE into a staging area, read with process_vm_readv, copied into a plain array of slots, the staging area dropped by the agent), with nothing else: no prefetch, no dirty tracking, FIFO. It runs the micro workloads and redis (single-threaded, no fork with saving off), and is verified as every run is (micro checks every page, redisdrive every value). What it sustains is the most a userfaultfd pager of this design does on this machine; farmem's figures as multiples of it say how far farmem is from that floor, stage by stage.\n")
+	p("\n| workload | cap | floor throughput | floor x native | floor's peak anonymous MiB (cap MiB) | farmem throughput | farmem / floor | floor faults served /s | farmem-none / floor |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, w := range wls {
 		if !floorRuns(w) {
 			continue
@@ -174,10 +175,18 @@ func (h *harness) floorSection(p func(string, ...any), wls []workload, pcts []in
 				}
 				return versus(s, f)
 			}
-			p("| %s | %d %% | %s | %s | %s | %s | %s |\n", w.title, pct, cell(f), cell(a), vs(a), fmtTput(medianOf(rs, w.name, fl(pct), key("pages_per_sec"))), vs(none))
+			xNative := "-"
+			if n := nat[w.name]; n.tput > 0 && f.done() > 0 {
+				xNative = fmt.Sprintf("%.2f", f.tput/n.tput)
+			}
+			peak := "-"
+			if kib := medianOf(rs, w.name, fl(pct), key("peak_anon_kib")); kib > 0 {
+				peak = fmt.Sprintf("%.1f (%d)", kib/1024, capMiBOf(rs, w.name, fl(pct)))
+			}
+			p("| %s | %d %% | %s | %s | %s | %s | %s | %s | %s |\n", w.title, pct, cell(f), xNative, peak, cell(a), vs(a), fmtTput(medianOf(rs, w.name, fl(pct), key("pages_per_sec"))), vs(none))
 		}
 	}
-	p("\nThroughput is the workload's (%s, medians). *floor faults served /s* is floorpager's own count: faults served (first touches and pages read back) per second from its first eviction to the program's exit; in steady state each also evicts a page.\n", wls[0].metric)
+	p("\nThroughput is the workload's (%s, medians). *floor's peak anonymous MiB* is the program's RssAnon as floorpager read it after each batch: what floorpager does not register (glibc's brk heap, thread stacks) it neither pages nor caps, so the floor may hold that much more than the cap (farmem pages and caps it). *floor faults served /s* is floorpager's own count: faults served (first touches and pages read back) per second from its first eviction to the program's exit; in steady state each also evicts a page.\n", wls[0].metric)
 
 	p("\n**Each part, per page** (µs, medians over the rounds; farmem's stage means come from its --summary-json: the time its batches spent in each stage over the pages they evicted):\n\n")
 	p("| workload | cap | part | floor µs | farmem µs | farmem / floor |\n|---|---|---|---|---|---|\n")
@@ -382,4 +391,14 @@ func readFloorCSV(r *result, col map[string]int, row []string) error {
 // stageColumn is the CSV column of one of farmem's stages: farmem_stage_write_protect_ns.
 func stageColumn(name string) string {
 	return "farmem_stage_" + strings.NewReplacer(" ", "_", "-", "_").Replace(name) + "_ns"
+}
+
+// capMiBOf is the cap of wl's runs in configuration c (0 if none ran).
+func capMiBOf(rs []result, wl string, c config) int {
+	for _, r := range rs {
+		if r.wl == wl && r.cfg == c {
+			return r.capMiB
+		}
+	}
+	return 0
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // A line as floorpager prints it at exit.
-const floorLine = "floorpager: cap_pages=4096 first_touch=16384 refaults=31632 evicted=44032 batches=172 discarded=0 wakes=0 pages_per_batch=256.0 runs_per_batch=161.1 secs=0.510 pages_per_sec=86190 bound_pages_per_sec=207940 wake_ns=5731 fault_ns=2363 fault_p50_ns=2163 install_ns=2322 first_fault_ns=1789 first_install_ns=1753 evict_ns_page=2446 move_ns_page=929 move_ns_batch=237728 move_agent_ns_page=865 readv_ns_page=777 readv_ns_batch=198805 store_ns_page=453 store_ns_batch=116003 drop_ns_page=283 drop_ns_batch=72512 drop_agent_ns_batch=57628 flush_est_ns=0"
+const floorLine = "floorpager: cap_pages=4096 first_touch=16384 refaults=31632 evicted=44032 batches=172 discarded=0 wakes=0 pages_per_batch=256.0 runs_per_batch=161.1 secs=0.510 pages_per_sec=86190 bound_pages_per_sec=207940 wake_ns=5731 fault_ns=2363 fault_p50_ns=2163 install_ns=2322 first_fault_ns=1789 first_install_ns=1753 evict_ns_page=2446 move_ns_page=929 move_ns_batch=237728 move_agent_ns_page=865 readv_ns_page=777 readv_ns_batch=198805 store_ns_page=453 store_ns_batch=116003 drop_ns_page=283 drop_ns_batch=72512 drop_agent_ns_batch=57628 flush_est_ns=0 peak_anon_kib=18432"
 
 func TestParseFloor(t *testing.T) {
 	out := "micro: pass1 pages=16384 secs=0.183 pages_per_sec=89413\nmicro: OK bad=0\n" + floorLine + "\n"
@@ -21,7 +21,7 @@ func TestParseFloor(t *testing.T) {
 		t.Fatal("no line found")
 	}
 	for k, want := range map[string]float64{"cap_pages": 4096, "refaults": 31632, "evicted": 44032, "pages_per_batch": 256, "secs": 0.51,
-		"fault_p50_ns": 2163, "wake_ns": 5731, "move_ns_page": 929, "drop_agent_ns_batch": 57628, "flush_est_ns": 0} {
+		"fault_p50_ns": 2163, "wake_ns": 5731, "move_ns_page": 929, "drop_agent_ns_batch": 57628, "flush_est_ns": 0, "peak_anon_kib": 18432} {
 		if got, ok := m[k]; !ok || got != want {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, want)
 		}
@@ -107,7 +107,7 @@ func TestFloorSection(t *testing.T) {
 	nat := result{wl: w.name, cfg: config{kind: "native"}, round: 1, tput: 1e6, wall: 1}
 	floor := result{wl: w.name, cfg: fl, round: 1, capMiB: 16, tput: 80000, wall: 1, inB: 32768 * 4096, outB: 40000 * 4096, sysS: 0.5, userS: 0.1,
 		floor: map[string]float64{"pages_per_sec": 86000, "fault_p50_ns": 2000, "wake_ns": 6000, "install_ns": 2300, "move_ns_page": 1000,
-			"readv_ns_page": 800, "store_ns_page": 400, "drop_ns_page": 300, "evict_ns_page": 2500}}
+			"readv_ns_page": 800, "store_ns_page": 400, "drop_ns_page": 300, "evict_ns_page": 2500, "peak_anon_kib": 18432}}
 	farmem := result{wl: w.name, cfg: fm, round: 1, capMiB: 16, tput: 20000, wall: 3, inB: 32768 * 4096, outB: 40000 * 4096, fsP50: 24, sysS: 1.5, userS: 1,
 		stages: farmemStages{batches: 100, pages: 200, stage: [len(stageNames)]float64{400e3, 0, 320e3, 160e3, 120e3, 0}},
 		held:   [3]float64{40, 3, 0}, heldNs: 62e6, faultNs: 400e6}
@@ -120,7 +120,8 @@ func TestFloorSection(t *testing.T) {
 	h.floorSection(func(f string, a ...any) { fmt.Fprintf(&b, f, a...) }, []workload{w}, []int{25}, rs, natStat)
 	out := b.String()
 	for _, want := range []string{
-		"| micro random | 25 % | 80000 | 20000 | 0.25 | 86000 | - |",
+		// 80000 / 1e6 native; 18432 KiB = 18.0 MiB held against a 16 MiB cap
+		"| micro random | 25 % | 80000 | 0.08 | 18.0 (16) | 20000 | 0.25 | 86000 | - |",
 		// 24 µs against 2 + 6 µs
 		"| micro random | 25 % | fault round trip, p50: read to the install's return, the wake included | 8.00 | 24.0 | 3.0x |",
 		// farmem's stage per page: 400 µs a batch of 200 pages = 2 µs, against 1 µs

@@ -154,7 +154,7 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf, numpy-matmul, jvm-* and node are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul, jvm-g1, jvm-parallel (a 400 MiB heap at scale 1), node (about 330 MiB)")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads only)")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis)")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
 	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
@@ -605,6 +605,7 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		}
 		res.faults = uint64(res.floor["refaults"])
 		res.inB, res.outB = res.faults*4096, uint64(res.floor["evicted"])*4096
+		res.peakB = int64(res.floor["peak_anon_kib"]) << 10 // sampled after each batch
 	}
 	if c.kind == "farmem" {
 		// Its numbers, raw (none if it was stopped before it could write them).
