@@ -12,6 +12,8 @@
 //     random page of a 64 MiB buffer;
 //   - batched throughput (-batch pages per request, random pages): raw ping-pong of the same
 //     shape, raw one-way stream, fabric tcp read/write, fabric shm read/write, memcpy;
+//   - what TLS on the page path would cost (tls.go): the raw ping-pong through a Go net.Conn and
+//     through crypto/tls, single pages and batches;
 //   - fault service through userfaultfd, handler and faulting thread on one CPU as farmem's
 //     fetcher places them: zero-fill (UFFDIO_ZEROPAGE, and UFFDIO_COPY of zeros), a local
 //     page copied in (the embedded store), and a page fetched over shm and over tcp.
@@ -117,7 +119,7 @@ func serve(sock string, spin time.Duration) {
 			go rawServe(rawFD(c))
 		}
 	}()
-	fmt.Printf("%s %s %s\n", tl.Addr(), pl.Addr(), rl.Addr())
+	fmt.Printf("%s %s %s %s %s\n", tl.Addr(), pl.Addr(), rl.Addr(), listenConnEcho(false), listenConnEcho(true))
 	io.Copy(io.Discard, os.Stdin)
 	srv.Close()
 }
@@ -406,8 +408,8 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("the server process: %v", err)
 	}
-	var plainAddr, pollAddr, rawAddr string
-	fmt.Sscan(line, &plainAddr, &pollAddr, &rawAddr)
+	var plainAddr, pollAddr, rawAddr, connAddr, tlsAddr string
+	fmt.Sscan(line, &plainAddr, &pollAddr, &rawAddr, &connAddr, &tlsAddr)
 
 	sess := fabric.NewSessionID()
 	cfg := fabric.DialConfig{Token: tok, Session: sess, Conns: 1, Timeout: 10 * time.Second}
@@ -529,6 +531,10 @@ func run() error {
 	}
 	defer tcp2.Close()
 	raw, praw := dialRaw(rawAddr, 0), dialRaw(rawAddr, *spin)
+	gconn, tconn := dialConn(connAddr, false), dialConn(tlsAddr, true)
+	defer gconn.c.Close()
+	defer tconn.c.Close()
+	tlsNote := "the raw protocol through crypto/tls over a net.Conn (TLS 1.3, " + tlsCipher(tconn) + ")"
 	must := check
 	ps := spin.String()
 
@@ -552,6 +558,10 @@ func run() error {
 				f: func(i int) { raw.read(int(singlePages[i%len(singlePages)]), 1) }, check: func(i int) { raw.check(int(singlePages[i%len(singlePages)]), 1) }},
 			{name: "raw loopback tcp ping-pong, polling " + ps + pl.name, note: "the same, each side polling up to " + ps + " before it blocks",
 				f: func(i int) { praw.read(int(singlePages[i%len(singlePages)]), 1) }, check: func(i int) { praw.check(int(singlePages[i%len(singlePages)]), 1) }},
+			{name: "Go net.Conn ping-pong" + pl.name, note: "the raw protocol through a net.Conn: Go's netpoller parks the reader",
+				f: func(i int) { gconn.read(int(singlePages[i%len(singlePages)]), 1) }, check: func(i int) { gconn.check(int(singlePages[i%len(singlePages)]), 1) }},
+			{name: "TLS ping-pong" + pl.name, note: tlsNote,
+				f: func(i int) { tconn.read(int(singlePages[i%len(singlePages)]), 1) }, check: func(i int) { tconn.check(int(singlePages[i%len(singlePages)]), 1) }},
 			{name: "fabric tcp Read" + pl.name, note: "1 page, blocking (Spin 0)", f: func(i int) { must(tcp.Read(one(1, i), page)) }, check: checkOne("fabric tcp Read")},
 			{name: "fabric tcp Read, polling " + ps + pl.name, note: "1 page; DialConfig.Spin and ServerConfig.Spin " + ps, f: func(i int) { must(ptcp.Read(one(3, i), page)) },
 				check: checkOne("fabric tcp Read, polling")},
@@ -576,6 +586,10 @@ func run() error {
 	thr := []*path{
 		{name: "raw loopback tcp ping-pong", pages: *batch, note: fmt.Sprintf("%d B request, %d B answer (a random 1 MiB of 64 MiB), blocking", fabric.HeaderSize+*batch*fabric.AddrSize, fabric.HeaderSize+*batch*fabric.PageSize),
 			f: func(i int) { raw.read(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }, check: func(i int) { raw.check(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }},
+		{name: "Go net.Conn ping-pong", pages: *batch, note: "the same through a net.Conn",
+			f: func(i int) { gconn.read(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }, check: func(i int) { gconn.check(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }},
+		{name: "TLS ping-pong", pages: *batch, note: "the same through crypto/tls (TLS 1.3, " + tlsCipher(tconn) + ")",
+			f: func(i int) { tconn.read(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }, check: func(i int) { tconn.check(int(batchPages[i%nb][0])%(slabPages-*batch), *batch) }},
 		{name: "raw loopback tcp stream", pages: mib * 256, note: fmt.Sprintf("one way, %d MiB per call in 1 MiB writes, no requests", mib), f: func(int) { raw.stream(mib, false) },
 			check: func(int) { raw.checkLast() }},
 		{name: "fabric tcp Read", pages: *batch, note: "random pages, blocking", f: func(i int) { must(tcp.Read(b1[i%nb], buf)) }, check: func(i int) { checkBatch("fabric tcp Read", buf, i) }},
@@ -603,9 +617,9 @@ func run() error {
 	}
 	raw.stream(min(mib, 64), true) // every byte of a stream, untimed: the measured calls check their last MiB
 	// The stream moves as much as all the other paths' requests together: one call per round.
-	measure(thr[:1], *rounds, bn)
-	measure(thr[1:2], *rounds, 1)
-	measure(thr[2:], *rounds, bn)
+	measure(thr[:3], *rounds, bn)
+	measure(thr[3:4], *rounds, 1)
+	measure(thr[4:], *rounds, bn)
 	// The writes above wrote each page's own content back: every page of every slab must
 	// still hold it, read over the transport that wrote it.
 	for _, sl := range []struct {
@@ -716,6 +730,17 @@ func report(lat, thr, flt []*path, ps string) error {
 		z = byName(flt, "zero-fill by UFFDIO_COPY of zeros (a write fault's first touch)").h.Quantile(0.5)
 		r = float64(s) / float64(z)
 		fmt.Fprintf(&b, "| shm fault service within 1.5x of a zero-fill fault (COPY of zeros, farmem's write first touch) | %s vs %s µs (p50) | %.2fx | %s |\n", us(s), us(z), r, yes(r <= 1.5))
+	}
+	fmt.Fprintf(&b, "\n## TLS on the page path\n\nfabric's tcp data path is blocking syscalls on a raw descriptor; crypto/tls needs a net.Conn, so a TLS page path "+
+		"would pay Go's netpoller (the reader parked and woken) and the record layer. Each against the raw floor of the same shape, same run (p50s; batched: pages/s):\n\n"+
+		"| placement | raw µs | net.Conn µs | TLS µs | TLS / raw | TLS / net.Conn |\n|---|---:|---:|---:|---:|---:|\n")
+	for _, pl := range suffixes {
+		r, g, t := byName(lat, "raw loopback tcp ping-pong"+pl).h.Quantile(0.5), byName(lat, "Go net.Conn ping-pong"+pl).h.Quantile(0.5), byName(lat, "TLS ping-pong"+pl).h.Quantile(0.5)
+		fmt.Fprintf(&b, "| 4 KiB read, %s | %s | %s | %s | %.2fx | %.2fx |\n", cmp.Or(strings.TrimPrefix(pl, ", "), "unpinned"), us(r), us(g), us(t), float64(t)/float64(r), float64(t)/float64(g))
+	}
+	{
+		r, g, t := byName(thr, "raw loopback tcp ping-pong").pagesPerSec(), byName(thr, "Go net.Conn ping-pong").pagesPerSec(), byName(thr, "TLS ping-pong").pagesPerSec()
+		fmt.Fprintf(&b, "| %d pages a request, pages/s | %.0f | %.0f | %.0f | %.2fx | %.2fx |\n", *batch, r, g, t, t/r, t/g)
 	}
 	fmt.Fprintf(&b, "\nFor scale, docs/DESIGN.md, \"Latency\" (measured with C probes): kernel first-touch fault 0.5-1.2 µs; uffd round trip, "+
 		"handler on the faulting CPU 3.9 µs p50; ZEROPAGE-served fault 2.8 µs end to end; pipe ping-pong across CPUs 76 µs.\n")
