@@ -54,19 +54,12 @@ func (rt *Runtime) closeWatch(w *usageWatch) {
 // their present pages. Nothing faults in memory we have not registered, so the only sign of it
 // is the kernel's count: it reads each process's anonymous RSS (statm, one pread) every
 // fastestPoll once armed, less often before (pollInterval), or every slowestPoll while the
-// run's memory cgroup is below the threshold that matters (usageWatch), and rescans a process
-// at once when its RSS drifts from the pages we track by more than unseenPages beyond what its
-// last rescan could not register; otherwise every 100 ms.
+// run's memory cgroup is below the threshold that matters (usageWatch); which processes to
+// rescan, drift decides.
 func (rt *Runtime) rescanLoop() {
-	const unseenPages = 512
 	t := time.NewTimer(pollInterval(rt.armed.Load(), 0, rt.armPages))
 	defer t.Stop()
-	last := map[*Process]time.Time{}
-	// unreg is each process's anonymous memory that its last rescan left untracked: mappings
-	// farmem does not register (a JIT's code cache, a file mapping's written copies, what is
-	// smaller than MinRegister). A rescan cannot adopt it, so only growth beyond it counts as
-	// drift; else a program holding more of it than unseenPages is rescanned at every poll.
-	unreg := map[*Process]int64{}
+	drift := newDrift[*Process]()
 	anon := map[*Process]int64{}
 	statms := map[*Process]*procfs.Statm{}
 	reserve := evictor.NewBurstReserve(rt.cfg.CapPages)
@@ -117,8 +110,7 @@ func (rt *Runtime) rescanLoop() {
 			if _, ok := anon[p]; !ok {
 				s.Close()
 				delete(statms, p)
-				delete(last, p)
-				delete(unreg, p)
+				drift.forget(p)
 			}
 		}
 		if total > rt.Stats.PeakAnonPages.Load() {
@@ -142,16 +134,14 @@ func (rt *Runtime) rescanLoop() {
 			p.table.Lock()
 			tracked := int64(p.table.Resident())
 			p.table.Unlock()
-			gap := max(a-tracked, 0)
+			rescan, gap := drift.observe(p, now, a, tracked)
 			unmanaged += gap
-			unreg[p] = min(unreg[p], gap)
-			if now.Sub(last[p]) < 100*time.Millisecond && gap-unreg[p] < unseenPages {
+			if !rescan {
 				continue
 			}
-			last[p] = now
 			n := p.Rescan()
+			drift.rescanned(p, now, gap, n)
 			unseen += n
-			unreg[p] = max(gap-n, 0)
 		}
 		rt.Stats.UnseenPages.Add(unseen)
 		rt.evictor.Unmanaged.Store(unmanaged)
