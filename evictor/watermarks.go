@@ -31,10 +31,14 @@ type watermarks struct {
 // minHead is the room a run starts with, in pages.
 const minHead = 64
 
+// GrownHead is the most room a round leaves below a cap of capPages once the head has grown:
+// two batches, or a 16th of a small cap, and at least minHead. farmem sim replays with it.
+func GrownHead(capPages int64) int64 { return max(minHead, min(capPages/16, 2*BatchPages)) }
+
 // init sizes the watermarks for a cap of capPages.
 func (w *watermarks) init(capPages int64) {
 	w.capPages = capPages
-	w.maxHead = max(minHead, min(capPages/16, 2*BatchPages))
+	w.maxHead = GrownHead(capPages)
 	w.head.Store(minHead)
 	w.wait.Store(false)
 }

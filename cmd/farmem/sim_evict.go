@@ -28,12 +28,9 @@ func simEvictFlags() []cli.Flag {
 		&cli.IntFlag{Name: "anon-pages", Usage: "with --cap-pages: the program's anonymous pages (its RssAnon at exit, in pages); those\n\tbeyond the stream's are reserved, as --reserve-pages"},
 		&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "with --cap-pages: farmem's row replays farmem run --evict-heat N (its fifo row is 0)"},
 		&cli.IntFlag{Name: "head", Usage: "with --cap-pages: the room farmem's rows keep below the cap, in pages: eviction starts at\n\thalf of it and stops at all of it, as farmem run's evictor (0: a page over the cap goes as it comes)",
-			DefaultText: fmt.Sprintf("the evictor's grown head: a 16th of the cap, from %d to %d pages", simMinHead, 2*evictor.BatchPages)},
+			DefaultText: fmt.Sprintf("the evictor's grown head: a 16th of the cap, from %d to %d pages", evictor.GrownHead(0), evictor.GrownHead(1<<40))},
 	}
 }
-
-// simMinHead is the least room the evictor keeps below a cap (its minHead).
-const simMinHead = 64
 
 // simEvictResult is what the eviction replay reports, as the table shows it and --json prints it.
 type simEvictResult struct {
@@ -113,7 +110,7 @@ func simEvict(c *cli.Context) error {
 	}
 	for _, cp := range caps {
 		held := cp - reserve
-		head := max(simMinHead, min(held/16, 2*evictor.BatchPages))
+		head := int(evictor.GrownHead(int64(held)))
 		if c.IsSet("head") {
 			head = c.Int("head")
 		}
