@@ -4,6 +4,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/x509"
 	"debug/elf"
 	"encoding/json"
@@ -349,12 +350,31 @@ func checkProgram(name string) (path string, static bool, err error) {
 	path, err = exec.LookPath(name)
 	if err != nil {
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			if p := notExecutableOnPath(name); p != "" {
+				// As a shell says: found, but it cannot be executed (126), not "not found".
+				return "", false, cannotRun("program %q cannot be run: %s is not executable", name, p)
+			}
 			return "", false, programError{fmt.Sprintf("program %q not found", name), exitNotFound}
 		}
 		return "", false, cannotRun("program %q cannot be run: %v", name, errors.Unwrap(err))
 	}
 	static, err = checkELF(path, 0)
 	return path, static, err
+}
+
+// notExecutableOnPath returns the first regular file named name in $PATH, for a name with no
+// slash that exec.LookPath found no executable of ("" if there is none).
+func notExecutableOnPath(name string) string {
+	if strings.Contains(name, "/") {
+		return ""
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(cmp.Or(dir, "."), name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p
+		}
+	}
+	return ""
 }
 
 func cannotRun(format string, a ...any) error {

@@ -700,3 +700,28 @@ func exitsWithin(pid int, d time.Duration) bool {
 		}
 	}
 }
+
+// A program named without a slash whose only match on PATH is not executable is found but
+// cannot be run: 126 and a line that says which file, as a shell says, not 127.
+func TestNotExecutableOnPath(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "ran")
+	prog := filepath.Join(dir, "farmem-noexec-on-path")
+	os.WriteFile(prog, []byte("#!/bin/sh\ntouch "+marker+"\n"), 0o644)
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "64MiB", "--", "farmem-noexec-on-path")
+	cmd.Env = append(os.Environ(), "PATH="+dir+":/usr/bin:/bin")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	code := -1
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	}
+	want := `farmem: program "farmem-noexec-on-path" cannot be run: ` + prog + " is not executable\n"
+	if code != 126 || stderr.String() != want {
+		t.Errorf("exit %d, stderr %q; want 126, %q", code, stderr.String(), want)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the program ran")
+	}
+}
