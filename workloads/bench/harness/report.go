@@ -214,11 +214,13 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("\n## How each configuration runs\n\n")
 	p("- **native**: the program alone, no cap.\n")
 	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (leap in map mode, up to 32 pages, since commit 0645641; none before); **farmem-none** adds `--prefetch none`: no prefetching, the comparison that says what the prefetcher is worth (`-configs` also takes farmem-leap, -readahead, -stride, -nextn). **farmem-tcp / farmem-shm** (when asked for with `-configs`; not in the default run, for time): `farmem run --ctrl` with a ctrl and one memory server on this host, over tcp loopback or shared memory.\n")
-	p("- **swap-zram / swap-file**: the program in a cgroup v1 memory cgroup (`memory.limit_in_bytes`, swappiness 60) with swap on, to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
+	cg := cgroupWords()
+	p("- **swap-zram / swap-file**: the program in a %s memory cgroup (%s) with swap on,", cg.version, cg.limit)
+	p(" to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
 	if slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" }) {
 		p("- **floor**: `bin/floorpager --local-mem CAP`, a minimal userfaultfd pager in C built the way farmem pages, with no prefetch and FIFO victims (the micro workloads and redis; see \"The floor\" below and [workloads/floor](../workloads/floor/README.md)).\n")
 	}
-	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a v1 memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus the kernel memory the native run's cgroup was charged (`memory.kmem.max_usage_in_bytes`: page tables, slab), the *overhead* column below; page cache gets nothing extra, as the cgroup reclaims it before it swaps anything (a server's binary and libraries were cached and charged before its cgroup existed and are not charged to it). Both therefore hold about CAP of anonymous memory; file-backed pages are outside both caps. At 100 %% both hold the whole native footprint.\n")
+	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus the kernel memory the native run's cgroup was charged (%s), the *overhead* column below; page cache gets nothing extra, as the cgroup reclaims it before it swaps anything (a server's binary and libraries were cached and charged before its cgroup existed and are not charged to it). Both therefore hold about CAP of anonymous memory; file-backed pages are outside both caps. At 100 %% both hold the whole native footprint.\n", cg.kmem)
 	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
 	p("- Every run's data is checked: micro verifies every page it reads (`micro: OK bad=0`), redisdrive every value it reads (`redisdrive: OK`), the checksums of pagerank, numpy matmul, the JVM's HeapGraph and node's objects.js must equal the native run's (matmul also checks its product against a closed form, HeapGraph that every record is where it was put, objects.js that its links form one cycle through every object). A run that fails its check stops the benchmark. A run is stopped at 20x its native time (at least 60 s) (*timed out*); a swap run whose program the cgroup's OOM killer ended (Linux could not hold it at that limit even with swap) is *OOM-killed*. Neither has a throughput: each median is over the runs that finished, and the runs stopped are counted beside it (\"0.96 (1 of 3 OOM-killed)\"), never entered as a zero. A ratio or target whose either side finished in fewer than most of its rounds is *not comparable*.\n")
 	p("- Faults: farmem's backend faults (the pages read back; first-touch zero fills are not counted), or the cgroup's major faults (`total_pgmajfault`). MiB in/out: pages read back / written out (farmem: its `--summary-json`'s bytes_in and bytes_out, prefetches included; swap: the `pswpin`/`pswpout` deltas in /proc/vmstat).\n")
@@ -732,9 +734,9 @@ func peakNote(rs []result) string {
 		s = "The floor's peak MiB is the program's anonymous RSS (RssAnon) as floorpager read it after each batch: what floorpager does not register (glibc's brk heap, thread stacks) is neither paged nor capped by it, so a floor run may hold more than its cap by that much. "
 	}
 	if sampled {
-		s += "Peak MiB is measured differently on the two sides in some rows (the CSV's peak_source says which). Where farmem's is \"sampled\", it is the program's peak anonymous RSS as farmem's own sampling of it saw it (its summary's `peak anonymous RSS`, or `peak_anon_bytes` in its `--summary-json`: samples, so a peak between two of them is missed, and whole MiB). Swap's, and farmem's where it is \"cgroup\", is the kernel's exact maximum of the program's memory cgroup's charge (`memory.max_usage_in_bytes`), which counts page cache and kernel memory too."
+		s += "Peak MiB is measured differently on the two sides in some rows (the CSV's peak_source says which). Where farmem's is \"sampled\", it is the program's peak anonymous RSS as farmem's own sampling of it saw it (its summary's `peak anonymous RSS`, or `peak_anon_bytes` in its `--summary-json`: samples, so a peak between two of them is missed, and whole MiB). Swap's, and farmem's where it is \"cgroup\", is the kernel's exact maximum of the program's memory cgroup's charge (" + cgroupWords().peak + "), which counts page cache and kernel memory too."
 	} else {
-		s += "Peak MiB is the kernel's exact maximum of the program's memory cgroup's charge (`memory.max_usage_in_bytes`) on both sides: anonymous memory, page cache and kernel memory. farmem's cap holds only anonymous memory, so its peak may exceed the cap by the rest; the swap runs' cgroup limit is the cap plus the kernel memory the native run was charged."
+		s += "Peak MiB is the kernel's exact maximum of the program's memory cgroup's charge (" + cgroupWords().peak + ") on both sides: anonymous memory, page cache and kernel memory. farmem's cap holds only anonymous memory, so its peak may exceed the cap by the rest; the swap runs' cgroup limit is the cap plus the kernel memory the native run was charged."
 	}
 	limit := map[string]int64{}
 	for _, r := range rs {
@@ -760,4 +762,17 @@ func peakNote(rs []result) string {
 		return s + " No farmem run's peak exceeded swap's limit at the same cap (or the cap, where it was sampled)."
 	}
 	return s + fmt.Sprintf(" %d farmem runs' peak exceeded swap's limit at the same cap (or the cap, where it was sampled): %s.", len(over), strings.Join(over, "; "))
+}
+
+// cgroupWordsT names the memory cgroup files the swap runs used, by cgroup version.
+type cgroupWordsT struct{ version, limit, kmem, peak string }
+
+// cgroupWords says which cgroup version linux-swap.sh runs on here (v2 where /sys/fs/cgroup is
+// a cgroup2 mount, as the script decides) and what its limit and kernel-memory figures are.
+func cgroupWords() cgroupWordsT {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return cgroupWordsT{"cgroup v2", "`memory.max`, `memory.swap.max` unbounded; the system's swappiness",
+			"v2 keeps no kernel-memory peak: what the native run's cgroup was charged beyond its anonymous peak, less its file-backed RSS", "`memory.peak`"}
+	}
+	return cgroupWordsT{"cgroup v1", "`memory.limit_in_bytes`, swappiness 60", "`memory.kmem.max_usage_in_bytes`: page tables, slab", "`memory.max_usage_in_bytes`"}
 }
