@@ -126,9 +126,14 @@ bench-prefetch: build
 bench-replay: build
 	workloads/replay/replay.sh
 
+# farmem's write guess: --write-guess auto against last on xz and the JVM, side by side
+# (ROUNDS rounds, 3 by default; about 3 minutes), into results/writeguess.
+bench-writeguess: build
+	OUT=results/writeguess workloads/bench/writeguess.sh
+
 # The transports (tcp, shm) against the raw floors measured in the same run (about 20 s, as root:
 # the fault-service table needs userfaultfd): results/fabric.md.
-.PHONY: bench-fabric bin/bench-fabric
+.PHONY: bench-fabric bin/bench-fabric bench-writeguess
 bench-fabric: bin/bench-fabric
 	bin/bench-fabric -out results/fabric.md
 bin/bench-fabric:

@@ -186,7 +186,7 @@ func (f *Fetcher) choose(b *prefetchBatch, w *prefetchWork) {
 		if e == nil || e.State != pagetable.Evicted || e.Slot == 0 || e.InFlight || e.Zapping {
 			continue
 		}
-		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirt[w.n] = a, e, e.Seq, e.Slot, e.Refetch(false)
+		w.addr[w.n], w.entry[w.n], w.seq[w.n], w.slot[w.n], w.dirt[w.n] = a, e, e.Seq, e.Slot, f.table.Refetch(e, false)
 		w.n++
 	}
 	if room := f.host.PrefetchRoom(); int64(w.n) > room {

@@ -274,7 +274,7 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 			return retryBusy, FromBackend
 		}
 	}
-	d := e.Refetch(write)
+	d := f.table.Refetch(e, write)
 	mode := uffd.CopyWP // Clean: the first write arrives as a WP fault
 	if d != pagetable.Clean {
 		mode = 0

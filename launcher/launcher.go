@@ -45,6 +45,8 @@ type Options struct {
 	Prefetch prefetch.Config
 	// EvictHeat is the page tables' MaxHeat (0: FIFO).
 	EvictHeat uint8
+	// LastStayGuess is the page tables' LastStayGuess (--write-guess last).
+	LastStayGuess bool
 	// PrefetchCachePages > 0 puts the prefetcher in cache mode with a cache of that many pages;
 	// 0 is map mode.
 	PrefetchCachePages int
@@ -92,7 +94,7 @@ func Run(o Options) (int, error) {
 	defer ln.Close()
 
 	say := &announcer{o: o}
-	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat,
+	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat, LastStayGuess: o.LastStayGuess,
 		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace,
 		// Said from a goroutine of its own: stderr may be slow to take it, and the RSS poll
 		// that armed the run must not wait on it.

@@ -80,6 +80,9 @@ type Entry struct {
 	// package doc. Never a correctness bit either:
 	// whoever reads the page re-checks it under the lock before installing it.
 	Fetching bool
+	// ReadBack: this stay began with the page read back on a read (installed Clean or on the
+	// guess): how it ends teaches the table's write guess (writeGuess). Not a correctness bit.
+	ReadBack bool
 	Seq      uint32 // bumped on each install; victim-queue items with an older Seq are stale
 	// Heat is how many more times Victims passes the page over (see Victims); each pass
 	// spends one. Level is what a re-fault sets it to: raised by each re-fault that came back
@@ -121,9 +124,13 @@ type PageTable struct {
 	VictimBlock int
 	// MaxHeat bounds Entry.Heat: how many extra passes through the victim queue a page in use
 	// may earn (0: plain FIFO). Set before use.
-	MaxHeat   uint8
-	evictions uint32          // protected by mu; pages evicted so far, the clock of re-fault distances
-	taken     map[uint64]bool // protected by mu; Victims' scratch set, kept between calls
+	MaxHeat uint8
+	// LastStayGuess: a page read back is installed writable only if its last stay wrote it,
+	// never on the process's share (writeGuess). Set before use.
+	LastStayGuess bool
+	evictions     uint32          // protected by mu; pages evicted so far, the clock of re-fault distances
+	taken         map[uint64]bool // protected by mu; Victims' scratch set, kept between calls
+	guess         writeGuess      // protected by mu; whether pages read back are all installed writable
 	// staging, stagingEnd: the process's staging area (see Staged), or the one inherited
 	// from the parent in a fork child. Never adopted or evicted: its pages are not the
 	// program's. Protected by mu.
@@ -164,19 +171,23 @@ const (
 	GuessWritten
 )
 
-// Refetch is how an evicted page brought back from its slot is installed: Written if this
+// Refetch is how evicted page e brought back from its slot is installed: Written if this
 // fault writes it, GuessWritten if it was written in its last stay (WasWritten: a write would
-// otherwise cost a second round trip, the WP fault), else Clean, so that a page only read is
-// later dropped without any write.
-func (e *Entry) Refetch(write bool) Dirt {
+// otherwise cost a second round trip, the WP fault) or if most stays of this process's pages
+// read back write them (writeGuess), else Clean, so that a page only read is later dropped
+// without any write.
+func (t *PageTable) Refetch(e *Entry, write bool) Dirt {
 	switch {
 	case write:
 		return Written
-	case e.WasWritten:
+	case e.WasWritten || t.guess.all && !t.LastStayGuess:
 		return GuessWritten
 	}
 	return Clean
 }
+
+// GuessingAll reports whether every page read back is installed writable now (writeGuess).
+func (t *PageTable) GuessingAll() bool { return t.guess.all && !t.LastStayGuess }
 
 // Install records page as present in the program as d says (Clean needs its slot), and
 // returns its entry. It takes over the entry's slot reference when slot equals it; any other
@@ -193,7 +204,7 @@ func (t *PageTable) Install(page uint64, d Dirt, slot backend.Slot) *Entry {
 	if e.Slot != 0 && e.Slot != slot {
 		t.slots.Release(e.Slot)
 	}
-	*e = Entry{State: Resident, Dirty: d != Clean, Guessed: d == GuessWritten, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt, Sum: e.Sum}
+	*e = Entry{State: Resident, Dirty: d != Clean, Guessed: d == GuessWritten, ReadBack: d != Written, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt, Sum: e.Sum}
 	t.fifo = append(t.fifo, victim{page, e.Seq})
 	return e
 }
@@ -273,7 +284,10 @@ func (t *PageTable) evicted(e *Entry, slot backend.Slot) {
 		t.slots.Release(e.Slot)
 	}
 	e.WasWritten = e.Dirty && !e.Guessed
-	e.State, e.Slot, e.Dirty, e.Guessed, e.Heat = Evicted, slot, false, false, 0 // a block mate may leave with heat left
+	if e.ReadBack {
+		t.guess.stay(e.WasWritten)
+	}
+	e.State, e.Slot, e.Dirty, e.Guessed, e.ReadBack, e.Heat = Evicted, slot, false, false, false, 0 // a block mate may leave with heat left
 	t.evictions++
 	e.EvictedAt = t.evictions
 }

@@ -106,10 +106,10 @@ func TestWasWrittenPrediction(t *testing.T) {
 	if !tb.Get(0x1000).WasWritten || tb.Get(0x2000).WasWritten {
 		t.Fatalf("WasWritten: dirty page %v, clean page %v; want true, false", tb.Get(0x1000).WasWritten, tb.Get(0x2000).WasWritten)
 	}
-	if d := tb.Get(0x1000).Refetch(false); d != GuessWritten {
+	if d := tb.Refetch(tb.Get(0x1000), false); d != GuessWritten {
 		t.Fatalf("a read fault on a page written in its last stay installs it %d, want GuessWritten", d)
 	}
-	if d, w := tb.Get(0x2000).Refetch(false), tb.Get(0x2000).Refetch(true); d != Clean || w != Written {
+	if d, w := tb.Refetch(tb.Get(0x2000), false), tb.Refetch(tb.Get(0x2000), true); d != Clean || w != Written {
 		t.Fatalf("a page evicted clean: read fault %d, write fault %d; want Clean, Written", d, w)
 	}
 	// The content stored at that eviction had sum 11.

@@ -20,6 +20,7 @@ func (rt *Runtime) Attach(pid, fd int) (*Process, error) { return rt.attach(pid,
 func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
 	tb := pagetable.New(&rt.resident, rt.slots)
 	tb.MaxHeat = rt.cfg.MaxHeat
+	tb.LastStayGuess = rt.cfg.LastStayGuess
 	p, err := rt.newProcess(fd, tb)
 	if err != nil {
 		return nil, err

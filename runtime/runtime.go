@@ -33,6 +33,9 @@ type Config struct {
 	// MaxHeat is each page table's MaxHeat: how many extra passes through the victim queue a
 	// page that keeps coming back may earn (0: FIFO).
 	MaxHeat uint8
+	// LastStayGuess is each page table's LastStayGuess: pages read back are installed writable
+	// only on their own last stay's word.
+	LastStayGuess bool
 	// NewPrefetcher makes each process's prefetcher (a fork child gets a fresh one); nil: no
 	// prefetching.
 	NewPrefetcher func() prefetch.Prefetcher

@@ -158,6 +158,7 @@ func runCommand() *cli.Command {
 			ctrlTokenFlag("with --ctrl"),
 			caFlag(),
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
+			&cli.StringFlag{Name: "write-guess", Value: "auto", Usage: "how a page read back on a read is installed: auto (writable if its last stay wrote it, or\n\twhile most pages of the process read back are written: saves the write-protect fault), or last\n\t(writable only if its last stay wrote it: a page only read is later dropped without a copy)"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the whole summary to FILE as one JSON object, in raw numbers (bytes, pages,\n\tnanoseconds, histograms' buckets; its fields are in the README), --quiet or not"},
 		}, append(prefetchFlags(), telemetryFlags()...)...),
@@ -201,6 +202,10 @@ func runAction(c *cli.Context) error {
 	heat := c.Int("evict-heat")
 	if heat < 0 || heat > maxEvictHeat {
 		return usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
+	}
+	guess := c.String("write-guess")
+	if guess != "auto" && guess != "last" {
+		return usagef("--write-guess %q: give auto or last", guess)
 	}
 	codec, err := backend.CodecByName(c.String("compress"))
 	if err != nil {
@@ -252,7 +257,7 @@ func runAction(c *cli.Context) error {
 	}
 	tracing, evictTrace := tel.Tracing(store)
 	status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace,
+		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), LastStayGuess: guess == "last", Trace: trace,
 		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut,
 		SummaryJSON: summaryJSON, Static: static})
 	stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts

@@ -570,6 +570,7 @@ func TestBadInput(t *testing.T) {
 		{"prefetch max 0", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "0", "--"}, touch...), 125, "--prefetch-max 0: give 1 to 32 pages"},
 		{"prefetch max too big", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "64", "--"}, touch...), 125, "--prefetch-max 64: give 1 to 32 pages"},
 		{"evict heat too big", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "16", "--"}, touch...), 125, "--evict-heat 16: give 0 to 15"},
+		{"write guess unknown", append([]string{"run", "--local-mem", "64MiB", "--write-guess", "always", "--"}, touch...), 125, `--write-guess "always": give auto or last`},
 		{"evict heat negative", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "-1", "--"}, touch...), 125, "--evict-heat -1: give 0 to 15"},
 		{"prefetch mode unknown", append([]string{"run", "--local-mem", "64MiB", "--prefetch-mode", "ring", "--"}, touch...), 125, `--prefetch-mode "ring": give map or cache`},
 		{"cache pages in map mode", append([]string{"run", "--local-mem", "64MiB", "--prefetch-cache-pages", "100", "--"}, touch...), 125, "--prefetch-cache-pages applies to --prefetch-mode cache"},
