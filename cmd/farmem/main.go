@@ -159,6 +159,10 @@ func runCommand() *cli.Command {
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the whole summary to FILE as one JSON object, in raw numbers (bytes, pages,\n\tnanoseconds, histograms' buckets; its fields are in the README), --quiet or not"},
+			// Hidden: enter a dynamic program by injection, as a static one is, instead of preloading
+			// the shim. It exists to measure whether the preload path is worth keeping beside
+			// injection (workloads/reach compares the two); not a user's choice, so not in the help.
+			&cli.BoolFlag{Name: "inject", Hidden: true},
 		}, append(prefetchFlags(), telemetryFlags()...)...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
@@ -220,6 +224,7 @@ func runAction(c *cli.Context) error {
 		return err
 	}
 	argv[0] = path
+	inject := static || c.Bool("inject")
 	var store backend.Backend = backend.NewMemory()
 	if codec != nil {
 		store = backend.NewCompressed(codec)
@@ -253,7 +258,7 @@ func runAction(c *cli.Context) error {
 	status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
 		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), Trace: trace,
 		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut,
-		SummaryJSON: summaryJSON, Static: static})
+		SummaryJSON: summaryJSON, Static: inject, NoPreload: inject && !static})
 	stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 	if trace != nil {                   // Run has stopped every fault thread
 		if cerr := closeTrace(c, trace); err == nil {
