@@ -124,6 +124,7 @@ func main() {
 			fail("-configs: no configuration %q (zram, farmem, farmem-inject)", c)
 		}
 	}
+	tearDownOnSignal()
 	var rows []outcome
 	for _, p := range progs {
 		rows = append(rows, r.program(p)...)

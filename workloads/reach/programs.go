@@ -1,11 +1,13 @@
 package main
 
 import (
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 )
@@ -63,7 +65,23 @@ func gofmtBin() string {
 	if p, err := exec.LookPath("gofmt"); err == nil {
 		return p
 	}
-	return "/usr/local/go/bin/gofmt"
+	return filepath.Join(runtime.GOROOT(), "bin", "gofmt")
+}
+
+// checkStatic fails unless path is a statically linked ELF (no dynamic loader): the static rows
+// are there to show farmem entering a program by injection.
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked", path)
+		}
+	}
+	return nil
 }
 
 const (
@@ -93,7 +111,7 @@ func programs() []*program {
 		{name: "node", title: "node (V8): objects.js, small objects in a Map shuffled and relinked", link: "dynamic", needs: []string{"/usr/bin/node"},
 			argv: func(_ string, s float64) []string {
 				return []string{"/usr/bin/node", "--max-old-space-size=1024", "--max-semi-space-size=16",
-					filepath.Join(repoRoot, "workloads", "node", "objects.js"), "--objects", strconv.Itoa(scaled(1_000_000, s, 20_000)), "--passes", "2"}
+					filepath.Join(repoRoot, "workloads", "node", "objects.js"), "--objects", strconv.Itoa(scaled(500_000, s, 20_000)), "--passes", "2"}
 			},
 			digest: regexp.MustCompile(`(?m)^objects: OK objects=\d+ checksum=([0-9a-f]{16})`)},
 		jvm("jvm-g1", "G1"),
@@ -117,7 +135,7 @@ func programs() []*program {
 				if err != nil {
 					return err
 				}
-				sql := strings.ReplaceAll(string(b), "@N@", strconv.Itoa(scaled(800_000, s, 10_000)))
+				sql := strings.ReplaceAll(string(b), "@N@", strconv.Itoa(scaled(600_000, s, 10_000)))
 				return os.WriteFile(filepath.Join(dir, "sqlite.sql"), []byte(sql), 0o644)
 			},
 			argv: func(dir string, _ float64) []string {
@@ -126,14 +144,14 @@ func programs() []*program {
 		{name: "xz", title: "xz -6 of generated text, piped to xz -d (sh, two xz processes under one cap)", link: "dynamic",
 			needs: []string{"/usr/bin/xz", "/bin/sh"},
 			prepare: func(dir string, s float64) error {
-				return writeText(filepath.Join(dir, "xz.txt"), scaled(6<<20, s, 256<<10))
+				return writeText(filepath.Join(dir, "xz.txt"), scaled(3<<20, s, 256<<10))
 			},
 			argv: func(dir string, _ float64) []string {
 				return []string{"/bin/sh", "-c", `/usr/bin/xz -6 -T1 -c "$1" | /usr/bin/xz -d -c`, "sh", filepath.Join(dir, "xz.txt")}
 			}},
 		{name: "gcc", title: "gcc -O2 -S of a generated C file (cc1 under the driver)", link: "dynamic", needs: []string{"/usr/bin/gcc"},
 			prepare: func(dir string, s float64) error {
-				return writeC(filepath.Join(dir, "big.c"), scaled(400, s, 8))
+				return writeC(filepath.Join(dir, "big.c"), scaled(40, s, 4))
 			},
 			argv: func(dir string, _ float64) []string {
 				return []string{"/usr/bin/gcc", "-O2", "-S", "-o", "-", filepath.Join(dir, "big.c")}
@@ -157,11 +175,15 @@ func programs() []*program {
 		{name: "gofmt", title: "gofmt of a generated Go file (the Go distribution's static binary, CGO_ENABLED=0)", link: "static",
 			needs: []string{gofmtBin()},
 			prepare: func(dir string, s float64) error {
+				if err := checkStatic(gofmtBin()); err != nil {
+					return err
+				}
 				return writeGo(filepath.Join(dir, "big.go"), scaled(60_000, s, 1000))
 			},
 			argv: func(dir string, _ float64) []string { return []string{gofmtBin(), filepath.Join(dir, "big.go")} }},
 		{name: "lua-musl", title: "lua 5.4 built statically with musl (Debian's source), the lua row's script", link: "static",
-			needs: []string{luaMusl},
+			needs:   []string{luaMusl},
+			prepare: func(string, float64) error { return checkStatic(luaMusl) },
 			argv: func(_ string, s float64) []string {
 				return []string{luaMusl, filepath.Join(progDir(), "shuffle.lua"), strconv.Itoa(scaled(600_000, s, 10_000))}
 			}},
@@ -173,7 +195,8 @@ func programs() []*program {
 			},
 			note: "redis-attach: its time, everywhere, is the phase after the cap took hold (the load before it is not timed); " +
 				"under Linux swap the running process is moved into the memory cgroup with its charges (cgroup v1's memory.move_charge_at_immigrate) " +
-				"and the limit is then lowered to the cap, which the kernel reaches by swapping out."},
+				"and the limit is then lowered to the cap, which the kernel reaches by swapping out; " +
+				"a kernel that moves no charges (charge moving is gone from recent kernels) has no such row."},
 	}
 }
 
@@ -194,7 +217,7 @@ func jvm(name, gc string) *program {
 			return nil
 		},
 		argv: func(dir string, s float64) []string {
-			heap := scaled(256, s, 32)
+			heap := scaled(160, s, 32)
 			args := []string{"/usr/bin/java", fmt.Sprintf("-Xms%dm", heap), fmt.Sprintf("-Xmx%dm", heap), "-XX:+Use" + gc + "GC",
 				"-XX:ParallelGCThreads=2", "-XX:-UseContainerSupport", "-XX:-UsePerfData", "-XX:-UseTransparentHugePages"}
 			if gc == "G1" {

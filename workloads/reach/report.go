@@ -83,7 +83,7 @@ func markdown(out, cmdline string, r *reach, progs []*program, rows []outcome) s
 	host, _ := os.Hostname()
 	kernel, _ := exec.Command("uname", "-r").Output()
 	p("# Reach: unmodified programs under farmem and under Linux swap at %d %% of their native peak\n\n", r.pct)
-	p("Made by `%s` (`make bench-reach`) at commit %s on %s, %s (%s, Linux %s, %d CPUs). Raw per-run rows: [%s](%s).\n\n",
+	p("Made by `%s` at commit %s on %s, %s (%s, Linux %s, %d CPUs). Raw per-run rows: [%s](%s).\n\n",
 		strings.TrimSpace(cmdline), commit(), time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, "scale "+strconv.FormatFloat(r.scale, 'g', -1, 64),
 		strings.TrimSpace(string(kernel)), numCPU(), filepath.Base(out)+".csv", filepath.Base(out)+".csv")
 	p("Each program ran once natively, once under Linux swap to zram and once under `farmem run` at the same cap (one run each: ")
@@ -92,7 +92,8 @@ func markdown(out, cmdline string, r *reach, progs []*program, rows []outcome) s
 	p("- **Cap**: %d %% of that peak (at least 16 MiB), farmem's `--local-mem`, which caps anonymous memory. The zram run's cgroup limit is the cap plus the kernel memory (page tables, slab) the native run was charged; page cache gets nothing extra: a cgroup reclaims it before it swaps.\n", r.pct)
 	p("- **farmem peak**: the kernel's maximum of the run's own memory cgroup (farmem's `--summary-json`, `cgroup_peak_bytes`), held to the zram run's limit (*within*); where farmem had no cgroup of the run's own, its sampled anonymous peak, held to the cap.\n")
 	p("- **Times**: wall time, and in brackets its ratio to native; servers are timed from ready to the digest's answer (load, rewrite, read back), the attach row from the cap's taking hold. *zram / farmem*: zram's time over farmem's (above 1: farmem faster).\n")
-	p("- A run is killed after %gx its native time (at least %v) and counted as a timeout; an OOM kill is counted as one: neither is a time.\n\n", r.factor, r.minTimeout)
+	p("- A run is killed after %gx its native time (at least %v) and counted as a timeout; an OOM kill is counted as one: neither is a time.\n", r.factor, r.minTimeout)
+	p("- **Output**: farmem's digest against the native run's (a zram run's that differs shows in its own column).\n\n")
 	p("| program | what it runs | entered by | native | native peak MiB | cap MiB | Linux swap→zram | farmem | zram / farmem | farmem peak MiB (limit) | within | output |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	counts := map[string]int{}
@@ -133,12 +134,10 @@ func markdown(out, cmdline string, r *reach, progs []*program, rows []outcome) s
 			}
 			in = within(fm)
 		}
-		switch {
-		case fm.status == "ok" && (z.status == "ok" || !zok):
+		switch fm.status {
+		case "ok":
 			outEq = "equal"
-		case fm.status == "ok":
-			outEq = "equal (farmem)"
-		case fm.status == "wrong-output":
+		case "wrong-output":
 			outEq = "**differs**"
 		}
 		p("| %s | %s | %s | %.2f s | %.1f | %.1f | %s | %s | %s | %s | %s | %s |\n", pr.name, pr.title, entered, nat.wall, mib(nat.peakB),

@@ -6,10 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -76,6 +77,8 @@ func runCmd(argv []string, limit time.Duration) result {
 	if err := cmd.Start(); err != nil {
 		return result{exit: -1, err: err}
 	}
+	running.Store(int64(cmd.Process.Pid))
+	defer running.Store(0)
 	done := make(chan struct{})
 	timedOut := false
 	go func() {
@@ -154,5 +157,21 @@ func settle(p *program, r result, o *outcome) {
 	}
 }
 
-// drain copies r to w until r ends (a server's output, which nobody reads otherwise).
-func drain(w io.Writer, r io.Reader) { io.Copy(w, r) }
+// running is the process group of the run in progress (0: none), which an interrupt kills.
+var running atomic.Int64
+
+// tearDownOnSignal makes SIGINT and SIGTERM kill the run in progress and undo the swap setup
+// (linux-swap.sh off removes every farmem-swap-* cgroup, the native runs' included) before exiting.
+func tearDownOnSignal() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		s := <-c
+		if pg := running.Load(); pg > 0 {
+			syscall.Kill(-int(pg), syscall.SIGKILL)
+		}
+		swapCmd("off")
+		fmt.Fprintf(os.Stderr, "farmem-reach: %v: stopped, swap and cgroups undone\n", s)
+		os.Exit(130)
+	}()
+}

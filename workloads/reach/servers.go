@@ -66,6 +66,8 @@ func runServer(p *program, prefix []string, dir string, scale float64, limit tim
 		o.status, o.detail, o.exit = "failed", err.Error(), -1
 		return
 	}
+	running.Store(int64(cmd.Process.Pid))
+	defer running.Store(0)
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(limit)
@@ -367,7 +369,7 @@ func mcDigest(addr string, n int) (string, error) {
 
 // postgresServer: one query (the work): N md5 strings sorted in memory and aggregated.
 func postgresServer() *server {
-	return &server{keys: 1_000_000,
+	return &server{keys: 600_000,
 		load: func(string, int) error { return nil },
 		work: func(addr string, n int) (string, error) {
 			q := fmt.Sprintf("SELECT md5(string_agg(v, '' ORDER BY v)) FROM (SELECT md5(i::text) AS v FROM generate_series(1, %d) i) t", n)
