@@ -55,28 +55,28 @@ func (r *reach) farmemAttach(p *program, dir string, limit time.Duration, o *out
 			return err
 		}
 		pw.Close()
-		// farmem attach says one line when the cap holds; until it does, or exits, wait.
-		first := make(chan string, 1)
 		go func() {
 			sc := bufio.NewScanner(pr)
-			once := false
 			for sc.Scan() {
 				attachErr.Write([]byte(sc.Text() + "\n"))
-				if !once {
-					once = true
-					first <- sc.Text()
-				}
 			}
 			close(attached)
 		}()
-		select {
-		case <-first:
-			return nil
-		case <-attached:
-			return fmt.Errorf("farmem attach exited before it attached: %s", tail(string(attachErr.b), 300))
-		case <-time.After(30 * time.Second):
-			return errors.New("farmem attach said nothing within 30 s")
+		// Attached when the process has a userfaultfd (farmem puts one in it, as in every
+		// program it serves): seen from outside, whatever farmem attach prints.
+		end := time.Now().Add(30 * time.Second)
+		for time.Now().Before(end) {
+			select {
+			case <-attached:
+				return fmt.Errorf("farmem attach exited before it attached: %s", tail(string(attachErr.b), 300))
+			default:
+			}
+			if hasUffd(pid) {
+				return nil
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
+		return errors.New("no userfaultfd in the process 30 s after farmem attach started")
 	}
 	defer func() { attachHook = func(int) error { return nil } }()
 	runServer(p, nil, dir, r.scale, limit, o)
@@ -151,4 +151,18 @@ func buildAsuser() error {
 		return fmt.Errorf("gcc asuser.c: %v: %s", err, out)
 	}
 	return os.Chmod(asuserBin(), 0o755)
+}
+
+// hasUffd says whether process pid holds a userfaultfd.
+func hasUffd(pid int) bool {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && l == "anon_inode:[userfaultfd]" {
+			return true
+		}
+	}
+	return false
 }

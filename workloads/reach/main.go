@@ -282,6 +282,9 @@ func (r *reach) zram(p *program, dir string, peakB int64, limit time.Duration, o
 		}
 		runProgram(p, []string{swapScript(), "exec", "reachrun"}, dir, r.scale, limit, o)
 	}
+	if o.status == "not-run" {
+		return
+	}
 	st, err := cgStats("reachrun")
 	if err != nil {
 		if o.status == "ok" {
