@@ -35,6 +35,8 @@ func (r *reach) farmemAttach(p *program, dir string, limit time.Duration, o *out
 	}
 	sum := filepath.Join(dir, "summary.json")
 	os.Remove(sum)
+	sampler := &rssSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	sampling := false // the sampler runs: from the moment the process has farmem's userfaultfd
 	var attach *exec.Cmd
 	var attachErr tailBuf
 	attached := make(chan struct{})
@@ -72,6 +74,8 @@ func (r *reach) farmemAttach(p *program, dir string, limit time.Duration, o *out
 			default:
 			}
 			if hasUffd(pid) {
+				sampling = true
+				go sampler.run(pid, o.capB)
 				return nil
 			}
 			time.Sleep(5 * time.Millisecond)
@@ -80,6 +84,10 @@ func (r *reach) farmemAttach(p *program, dir string, limit time.Duration, o *out
 	}
 	defer func() { attachHook = func(int) error { return nil } }()
 	runServer(p, nil, dir, r.scale, limit, o)
+	if sampling {
+		close(sampler.stop)
+		<-sampler.done
+	}
 	if attach != nil {
 		// It runs until the process exits.
 		done := make(chan error, 1)
@@ -98,6 +106,45 @@ func (r *reach) farmemAttach(p *program, dir string, limit time.Duration, o *out
 		}
 	}
 	readSummary(sum, o)
+	// The summary's peak counts what the process held when farmem attached: the cap is held
+	// to what it holds once its pages above the cap went out.
+	if sampling {
+		o.peakB, o.peakSrc = sampler.peak, "sampled"
+		if !sampler.settled {
+			o.detail = strings.TrimSpace(o.detail + " its anonymous RSS never fell to the cap")
+		}
+	}
+}
+
+// rssSampler samples a process's RssAnon every 20 ms: its peak from the first sample at or
+// below the cap on (before it, the pages above the cap are still going out).
+type rssSampler struct {
+	stop, done chan struct{}
+	settled    bool  // written by run, read after done
+	peak       int64 // likewise
+}
+
+func (s *rssSampler) run(pid int, capB int64) {
+	defer close(s.done)
+	for {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil {
+			for _, l := range strings.Split(string(b), "\n") {
+				if f := strings.Fields(l); len(f) == 3 && f[0] == "RssAnon:" {
+					kb, _ := strconv.ParseInt(f[1], 10, 64)
+					v := kb << 10
+					if !s.settled && v <= capB {
+						s.settled, s.peak = true, 0
+					}
+					s.peak = max(s.peak, v)
+				}
+			}
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // zramAttach runs p natively, loads it, then moves it into a memory cgroup (cgroup v1, with its

@@ -194,6 +194,7 @@ func programs() []*program {
 					"--enable-debug-command", "yes", "--daemonize", "no", "--loglevel", "warning"}
 			},
 			note: "redis-attach: its time, everywhere, is the phase after the cap took hold (the load before it is not timed); " +
+				"farmem's peak is the process's RssAnon sampled every 20 ms from the moment it first fell to the cap (before it, the pages above the cap were still going out), held to the cap; " +
 				"under Linux swap the running process is moved into the memory cgroup with its charges (cgroup v1's memory.move_charge_at_immigrate) " +
 				"and the limit is then lowered to the cap, which the kernel reaches by swapping out; " +
 				"a kernel that moves no charges (charge moving is gone from recent kernels) has no such row."},
