@@ -151,7 +151,7 @@ func (s *rssSampler) run(pid int, capB int64) {
 // charges: memory.move_charge_at_immigrate) and lowers the cgroup's limit to o.limitB, which the
 // kernel reaches by swapping out.
 func (r *reach) zramAttach(p *program, dir string, limit time.Duration, o *outcome) {
-	cg := "/sys/fs/cgroup/memory/farmem-swap-reachrun"
+	cg := cgroupDir("reachrun")
 	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
 		o.status, o.detail = "not-run", "cgroup v2 moves no charges with a process: no Linux swap equivalent of attach"
 		return

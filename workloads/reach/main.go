@@ -154,6 +154,14 @@ func (r *reach) say(format string, a ...any) {
 	fmt.Fprintf(os.Stderr, "%s farmem-reach: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
 }
 
+// cgroupDir is where linux-swap.sh makes the cgroup NAME.
+func cgroupDir(name string) string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return "/sys/fs/cgroup/farmem-swap-" + name
+	}
+	return "/sys/fs/cgroup/memory/farmem-swap-" + name
+}
+
 func swapScript() string { return filepath.Join(repoRoot, "workloads", "swap", "linux-swap.sh") }
 
 // swapCmd runs linux-swap.sh with args and returns its output.
@@ -209,21 +217,24 @@ func (r *reach) program(p *program) []outcome {
 	if _, err := swapCmd("cgroup", "reachref", "0"); err != nil {
 		return []outcome{notRun("native", err.Error())}
 	}
+	shmemCgroup = cgroupDir("reachref")
 	runProgram(p, []string{swapScript(), "exec", "reachref"}, dir, r.scale, 30*time.Minute, &nat)
+	shmemCgroup = ""
 	st, err := cgStats("reachref")
 	swapCmd("rmcgroup", "reachref")
 	if err != nil {
 		nat.status, nat.detail = "failed", err.Error()
 	}
 	nat.peakB, nat.peakSrc = st["max_usage_bytes"], "cgroup"
-	r.say("%s native: %s %.2f s, peak %.1f MiB (kernel memory %.1f MiB) %s", p.name, nat.status, nat.wall,
-		mib(nat.peakB), mib(st["kmem_max_bytes"]), nat.detail)
+	r.say("%s native: %s %.2f s, peak %.1f MiB (kernel memory %.1f MiB, shared memory %.1f MiB) %s", p.name, nat.status, nat.wall,
+		mib(nat.peakB), mib(st["kmem_max_bytes"]), mib(nat.sharedB), nat.detail)
 	rows := []outcome{nat}
 	if nat.status != "ok" {
 		return rows
 	}
 	capB := max(16<<20, nat.peakB*int64(r.pct)/100) &^ 4095
-	limitB := capB + st["kmem_max_bytes"]
+	// The cgroup counts what farmem does not cap: kernel memory, and a server's shared memory.
+	limitB := capB + st["kmem_max_bytes"] + nat.sharedB
 	limit := max(r.minTimeout, time.Duration(r.factor*nat.wall*float64(time.Second)))
 	check := func(o *outcome) {
 		if o.status == "ok" && o.digest != nat.digest {

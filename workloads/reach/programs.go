@@ -166,9 +166,10 @@ func programs() []*program {
 					"-c", "listen_addresses=", "-c", "shared_buffers=8MB", "-c", "work_mem=2GB",
 					"-c", "max_parallel_workers_per_gather=0", "-c", "fsync=off", "-c", "autovacuum=off", "-c", "jit=off"}
 			},
-			note: "postgres: its shared memory (shared_buffers 8 MiB, and the rest of its main shared segment) is a shared mapping, " +
+			note: "postgres: its shared memory (shared_buffers 8 MiB and the rest of its main segment: the pages of it the native run's cgroup was charged at the end of the query, its `shmem`) is a shared mapping, " +
 				"which farmem does not cap: farmem's cap covers the private anonymous memory of the postmaster and its backends, " +
-				"where the sort's work_mem is. The zram run's cgroup limit covers everything the cgroup is charged, shared memory included. " +
+				"where the sort's work_mem is. A memory cgroup charges the shared memory too, so the zram run's limit, and the bound of farmem's cgroup peak, " +
+				"is the cap plus the native kernel memory plus that shared memory: both hold about the cap of private memory. " +
 				"postgres refuses to run as root, and farmem runs as root: it is started as the user postgres through asuser " +
 				"(workloads/reach/progs/asuser.c: setgid, setuid, and ambient CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, " +
 				"which the shim needs to open farmem's socket and make a userfaultfd with fork events as that user)."},

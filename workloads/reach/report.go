@@ -21,10 +21,10 @@ func writeReport(out, cmdline string, r *reach, progs []*program, rows []outcome
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write([]string{"program", "config", "status", "wall_s", "exit", "digest", "cap_bytes", "limit_bytes", "peak_bytes", "peak_source", "within", "detail"})
+	w.Write([]string{"program", "config", "status", "wall_s", "exit", "digest", "cap_bytes", "limit_bytes", "shared_bytes", "peak_bytes", "peak_source", "within", "detail"})
 	for _, o := range rows {
 		w.Write([]string{o.prog, o.config, o.status, strconv.FormatFloat(o.wall, 'f', 3, 64), strconv.Itoa(o.exit), o.digest,
-			strconv.FormatInt(o.capB, 10), strconv.FormatInt(o.limitB, 10), strconv.FormatInt(o.peakB, 10), o.peakSrc, within(o), oneLine(o.detail)})
+			strconv.FormatInt(o.capB, 10), strconv.FormatInt(o.limitB, 10), strconv.FormatInt(o.sharedB, 10), strconv.FormatInt(o.peakB, 10), o.peakSrc, within(o), oneLine(o.detail)})
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {
@@ -89,7 +89,7 @@ func markdown(out, cmdline string, r *reach, progs []*program, rows []outcome) s
 	p("Each program ran once natively, once under Linux swap to zram and once under `farmem run` at the same cap (one run each: ")
 	p("no medians). `bin/farmem-reach -h` says how each is run and measured. In short:\n\n")
 	p("- **Native peak**: the kernel's maximum of the native run's own memory cgroup (`memory.max_usage_in_bytes`): anonymous memory, the page cache it brought in, and kernel memory.\n")
-	p("- **Cap**: %d %% of that peak (at least 16 MiB), farmem's `--local-mem`, which caps anonymous memory. The zram run's cgroup limit is the cap plus the kernel memory (page tables, slab) the native run was charged; page cache gets nothing extra: a cgroup reclaims it before it swaps.\n", r.pct)
+	p("- **Cap**: %d %% of that peak (at least 16 MiB), farmem's `--local-mem`, which caps anonymous memory. The zram run's cgroup limit is the cap plus the kernel memory (page tables, slab) the native run was charged, and a server's shared memory (postgres's: see the notes; the CSV's shared_bytes), which farmem does not cap either; page cache gets nothing extra: a cgroup reclaims it before it swaps.\n", r.pct)
 	p("- **farmem peak**: the kernel's maximum of the run's own memory cgroup (farmem's `--summary-json`, `cgroup_peak_bytes`), held to the zram run's limit (*within*); where farmem had no cgroup of the run's own, its sampled anonymous peak, held to the cap.\n")
 	p("- **Times**: wall time, and in brackets its ratio to native; servers are timed from ready to the digest's answer (load, rewrite, read back), the attach row from the cap's taking hold. *zram / farmem*: zram's time over farmem's (above 1: farmem faster).\n")
 	p("- A run is killed after %gx its native time (at least %v) and counted as a timeout; an OOM kill is counted as one: neither is a time.\n", r.factor, r.minTimeout)

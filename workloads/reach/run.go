@@ -21,7 +21,10 @@ type outcome struct {
 	config string // native, zram, farmem, farmem-inject
 	capB   int64  // farmem's --local-mem (and the cgroup's limit less the native kernel memory)
 	limitB int64  // the zram run's cgroup limit, and the bound a farmem run's cgroup peak is held to
-	wall   float64
+	// sharedB: the program's shared memory (postgres's), which farmem does not cap; asked in
+	// the native run, and added to the limit.
+	sharedB int64
+	wall    float64
 	// status: ok, wrong-output, oom-killed, timeout, failed, not-run.
 	status string
 	exit   int // the exit status (128+N for signal N), -1 if none

@@ -126,6 +126,10 @@ func runServer(p *program, prefix []string, dir string, scale float64, limit tim
 		return
 	}
 	o.wall = time.Since(t0).Seconds()
+	if shmemCgroup != "" {
+		// Its shared memory, while it still has it: the native run's cgroup's count.
+		o.sharedB = cgroupShmem(shmemCgroup)
+	}
 	if err := s.stop(addr, dir); err != nil {
 		fail(fmt.Errorf("stop: %w", err))
 		return
@@ -416,4 +420,25 @@ func preparePostgres(dir string, _ float64) error {
 		return fmt.Errorf("initdb: %v: %s", err, tail(string(out), 300))
 	}
 	return nil
+}
+
+// shmemCgroup, when set (the native run of a server), is its memory cgroup's directory, whose
+// count of shared memory (shmem) is read at the end of the work.
+var shmemCgroup string
+
+// cgroupShmem is the shared memory (tmpfs, shared anonymous mappings, SysV segments) charged to
+// the memory cgroup at dir: v1's total_shmem, v2's shmem.
+func cgroupShmem(dir string) int64 {
+	b, err := os.ReadFile(filepath.Join(dir, "memory.stat"))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 2 && (f[0] == "total_shmem" || f[0] == "shmem") {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
 }
