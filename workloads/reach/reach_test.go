@@ -29,7 +29,7 @@ func TestReachSubset(t *testing.T) {
 	workDir = t.TempDir()
 	sizes := map[string]float64{
 		"numpy":   0.3, // a dynamic program (the shim preloaded)
-		"sqlite3": 0.4,
+		"sqlite3": 0.35,
 		"gofmt":   0.4, // a static Go program (injection)
 		"redis":   0.2, // a server, driven from here
 	}
