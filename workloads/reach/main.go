@@ -241,7 +241,7 @@ func (r *reach) program(p *program) []outcome {
 			o.status, o.detail = "wrong-output", fmt.Sprintf("digest %s, native %s", o.digest, nat.digest)
 		}
 		if o.status == "timeout" {
-			o.detail = fmt.Sprintf("killed after %.0f s (%.0fx native)", limit.Seconds(), limit.Seconds()/nat.wall)
+			o.detail = strings.TrimSpace(fmt.Sprintf("killed after %.0f s (%.0fx native) %s", limit.Seconds(), limit.Seconds()/nat.wall, o.detail))
 		}
 		r.say("%s %s: %s %.2f s, peak %.1f MiB (%s) %s", p.name, o.config, o.status, o.wall, mib(o.peakB), o.peakSrc, o.detail)
 	}

@@ -208,9 +208,7 @@ func jvm(name, gc string) *program {
 	return &program{name: name, title: "OpenJDK 17, " + gc + " GC: HeapGraph (a HashMap graph updated in shuffled passes)", link: "dynamic",
 		needs: []string{"/usr/bin/java", "/usr/bin/javac"},
 		prepare: func(dir string, _ float64) error {
-			if _, err := os.Stat(filepath.Join(dir, "jvm", "HeapGraph.class")); err == nil {
-				return nil
-			}
+			// Compiled at every start, so that the class run is the source's.
 			out, err := exec.Command("/usr/bin/javac", "--release", "17", "-d", filepath.Join(dir, "jvm"),
 				filepath.Join(repoRoot, "workloads", "jvm", "HeapGraph.java")).CombinedOutput()
 			if err != nil {

@@ -66,7 +66,7 @@ func cell(o outcome, ok bool, nat outcome) string {
 	case "ok":
 		return fmt.Sprintf("%.2f s (%.1fx)", o.wall, o.wall/nat.wall)
 	case "timeout":
-		return "**timeout** " + strings.TrimPrefix(o.detail, "killed after ")
+		return fmt.Sprintf("**timeout** (killed at %.0fx native)", o.wall/nat.wall)
 	case "oom-killed":
 		return "**OOM-killed**"
 	case "wrong-output":

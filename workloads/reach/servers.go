@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -70,12 +71,27 @@ func runServer(p *program, prefix []string, dir string, scale float64, limit tim
 	defer running.Store(0)
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	deadline := time.Now().Add(limit)
+	start := time.Now()
+	deadline := start.Add(limit)
 	kill := func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		killTree(cmd.Process.Pid)
 		<-exited
 	}
+	// hung: what the server's processes were doing when the watchdog killed them (below).
+	var hung atomic.Value
 	fail := func(err error) {
+		if time.Now().After(deadline) {
+			// What its processes were doing, and what it said, for whoever reads the CSV.
+			state, _ := hung.Load().(string)
+			if state == "" {
+				state = treeState(cmd.Process.Pid)
+			}
+			o.status, o.wall = "timeout", time.Since(start).Seconds()
+			o.detail = fmt.Sprintf("%v; its processes: %s; its output: %s", err, state, tail(string(errb.b), 300))
+			kill()
+			o.exit = exitCode(cmd.ProcessState)
+			return
+		}
 		select {
 		case <-exited:
 			o.exit = exitCode(cmd.ProcessState)
@@ -83,15 +99,11 @@ func runServer(p *program, prefix []string, dir string, scale float64, limit tim
 			return
 		default:
 		}
-		if time.Now().After(deadline) {
-			o.status = "timeout"
-		} else {
-			o.status, o.detail = "failed", err.Error()
-		}
+		o.status, o.detail = "failed", fmt.Sprintf("%v; its processes: %s; its output: %s", err, treeState(cmd.Process.Pid), tail(string(errb.b), 300))
 		kill()
 		o.exit = exitCode(cmd.ProcessState)
 	}
-	if err := waitReady(p.name, addr, exited, 60*time.Second); err != nil {
+	if err := waitReady(p.name, addr, exited, min(60*time.Second, limit)); err != nil {
 		fail(err)
 		return
 	}
@@ -104,7 +116,8 @@ func runServer(p *program, prefix []string, dir string, scale float64, limit tim
 		case <-stopWatch:
 		case <-exited:
 		case <-time.After(time.Until(deadline)):
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			hung.Store(treeState(cmd.Process.Pid))
+			killTree(cmd.Process.Pid)
 		}
 	}()
 	t0 := time.Now()
@@ -150,6 +163,66 @@ func runServer(p *program, prefix []string, dir string, scale float64, limit tim
 		return
 	}
 	o.status, o.digest = "ok", d
+}
+
+// descendants returns pid's descendants (postgres's children leave its process group).
+func descendants(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	parent := map[int]int{}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so from the last ')'.
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(f) > 1 {
+			parent[p], _ = strconv.Atoi(f[1])
+		}
+	}
+	var out []int
+	var walk func(int)
+	walk = func(q int) {
+		for c, pp := range parent {
+			if pp == q {
+				out = append(out, c)
+				walk(c)
+			}
+		}
+	}
+	walk(pid)
+	return out
+}
+
+// killTree kills pid's process group and every descendant of pid.
+func killTree(pid int) {
+	d := descendants(pid)
+	syscall.Kill(-pid, syscall.SIGKILL)
+	for _, c := range d {
+		syscall.Kill(c, syscall.SIGKILL)
+	}
+}
+
+// treeState is each process of pid's tree with its state and where the kernel has it waiting.
+func treeState(pid int) string {
+	var out []string
+	for _, p := range append([]int{pid}, descendants(pid)...) {
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", p))
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		s := string(st)
+		state := ""
+		if i := strings.LastIndexByte(s, ')'); i >= 0 && len(s) > i+2 {
+			state = s[i+2 : i+3]
+		}
+		name := strings.SplitN(string(cmdline), "\x00", 2)[0]
+		out = append(out, fmt.Sprintf("%d %s %s wchan=%s", p, filepath.Base(name), state, wchan))
+	}
+	return strings.Join(out, ", ")
 }
 
 // attachHook is set by the attach row's runner: it caps the server, pid, where it runs.
