@@ -155,7 +155,9 @@ func runServer(p *program, prefix []string, dir string, scale float64, limit tim
 	}
 	o.exit = exitCode(cmd.ProcessState)
 	if time.Now().After(deadline) {
-		o.status = "timeout"
+		state, _ := hung.Load().(string)
+		o.status, o.wall = "timeout", time.Since(start).Seconds()
+		o.detail = fmt.Sprintf("it answered, then did not exit when asked; its processes when killed: %s; its output: %s", state, tail(string(errb.b), 300))
 		return
 	}
 	if o.exit != 0 {
