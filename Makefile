@@ -113,6 +113,19 @@ swap-check:
 	@if [ "$$(wc -l </proc/swaps)" -gt 1 ] || ls -d /sys/fs/cgroup/memory/farmem-swap-* /sys/fs/cgroup/farmem-swap-* 2>/dev/null | grep -q .; then \
 		echo "swap or a farmem-swap cgroup was left behind:"; cat /proc/swaps; ls -d /sys/fs/cgroup/memory/farmem-swap-* /sys/fs/cgroup/farmem-swap-* 2>/dev/null; exit 1; fi
 
+# The reach table: unmodified programs (redis, memcached, numpy, node, the JVM, ruby, perl, lua,
+# sqlite3, xz, gcc, postgres, a static Go and a musl program, one attached while running) natively,
+# under Linux swap to zram and under farmem at 25 % of their native peak, outputs checked (about
+# 15 minutes, as root, on a quiet machine): results/reach.md and reach.csv. FLAGS: bin/farmem-reach -h.
+.PHONY: bench-reach bin/farmem-reach
+bench-reach: build bin/farmem-reach
+	scripts/reach-deps.sh
+	bin/farmem-reach $(FLAGS)
+	@$(MAKE) --no-print-directory swap-check
+bin/farmem-reach:
+	@mkdir -p bin
+	$(GO) build -o $@ ./workloads/reach
+
 # The prefetchers (issue 4): fault traces replayed by farmem sim and end-to-end runs of micro,
 # redis and pagerank at 50 % and 25 % caps with each prefetcher (under 20 minutes, as root):
 # results/prefetch.md. SCALE, ROUNDS, WORKLOADS, CAPS, OUT: see the script.

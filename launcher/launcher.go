@@ -71,6 +71,10 @@ type Options struct {
 	// Static: the program is statically linked; farmem injects its agent (static.go) instead of
 	// preloading the shim.
 	Static bool
+	// NoPreload: LD_PRELOAD is not set for the program, which must then be Static (a dynamic
+	// program entered by injection: a shim it loaded too would make a second uffd and hello).
+	// Images it exec's later are not served.
+	NoPreload bool
 }
 
 // Run runs the program to completion and returns the exit status farmem should exit with.
@@ -145,6 +149,9 @@ func Run(o Options) (int, error) {
 		pre = shim + ":" + old
 	}
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+pre, "FARMEM_SOCK="+sock)
+	if o.NoPreload {
+		cmd.Env = append(os.Environ(), "FARMEM_SOCK="+sock)
+	}
 	// If farmem dies, the program dies with it: nobody could serve its evicted pages.
 	// Pdeathsig fires when the *thread* that forked exits, so fork from a thread that lives
 	// as long as farmem: this goroutine keeps it locked and never unlocks.

@@ -10,7 +10,7 @@
 set -euo pipefail
 
 packages=(gcc make libc6-dev musl-tools redis-server redis-tools memcached bc jq iproute2 openssl curl python3 python3-numpy
-  openjdk-17-jdk-headless nodejs)
+  openjdk-17-jdk-headless nodejs sqlite3)
 jaeger_version=v1.76.0
 jaeger=${FARMEM_JAEGER:-/var/cache/farmem-jaeger/jaeger-$jaeger_version}
 etcd_version=v3.7.3 # workloads/etcd/go.mod's server, go.mod's client and ctrl/etcdtest say the same

@@ -161,6 +161,10 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "write-guess", Value: "auto", Usage: "how a page read back on a read is installed: auto (writable if its last stay wrote it, or\n\twhile most pages of the process read back are written: saves the write-protect fault), or last\n\t(writable only if its last stay wrote it: a page only read is later dropped without a copy)"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the whole summary to FILE as one JSON object, in raw numbers (bytes, pages,\n\tnanoseconds, histograms' buckets; its fields are in the README), --quiet or not"},
+			// Hidden: enter a dynamic program by injection, as a static one is, instead of preloading
+			// the shim. It exists to measure whether the preload path is worth keeping beside
+			// injection (workloads/reach compares the two); not a user's choice, so not in the help.
+			&cli.BoolFlag{Name: "inject", Hidden: true},
 		}, append(prefetchFlags(), telemetryFlags()...)...),
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error { return usageError{err.Error()} },
 		Action: func(c *cli.Context) error {
@@ -226,6 +230,7 @@ func runAction(c *cli.Context) error {
 		return err
 	}
 	argv[0] = path
+	inject := static || c.Bool("inject")
 	var store backend.Backend = backend.NewMemory()
 	if codec != nil {
 		store = backend.NewCompressed(codec)
@@ -259,7 +264,7 @@ func runAction(c *cli.Context) error {
 	status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
 		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), LastStayGuess: guess == "last", Trace: trace,
 		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut,
-		SummaryJSON: summaryJSON, Static: static})
+		SummaryJSON: summaryJSON, Static: inject, NoPreload: inject && !static})
 	stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 	if trace != nil {                   // Run has stopped every fault thread
 		if cerr := closeTrace(c, trace); err == nil {
