@@ -135,6 +135,13 @@ bin/bench-fabric:
 	@mkdir -p bin
 	$(GO) build -o $@ ./workloads/bench/fabric
 
+# The ctrl past this machine, by simulation: its state machine driven at 1,000 memory servers and
+# 10,000 sessions with churn and rack losses, the etcd store's transactions counted (no etcd):
+# results/ctrlsim/ (CSVs, ctrlsim.md, ctrlsim.svg). FLAGS=... for a smaller run (-servers 100 ...).
+.PHONY: bench-ctrlsim
+bench-ctrlsim:
+	$(GO) run ./workloads/ctrlsim -commit $(COMMIT) $(FLAGS)
+
 # The rdma transport's tests, for real: boots Debian's 6.1 kernel under qemu (TCG) with rdma_rxe
 # on a dummy netdev and runs the C probe and `go test -tags rdma ./fabric/` inside it (as root;
 # installs qemu-system-x86, busybox-static, libibverbs-dev... when missing). Not part of `test`.
