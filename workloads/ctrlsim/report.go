@@ -113,7 +113,7 @@ func renderDir(dir string) error {
 			if losses[i]["restored_s"] == "" {
 				end = 1e18
 			}
-			if t > losses.f(i, "at_s") && t-num("save_every_s") < end+1 {
+			if t > losses.f(i, "at_s") && t-series.f(0, "t_s") < end {
 				return true
 			}
 		}
@@ -180,17 +180,17 @@ func renderDir(dir string) error {
 	w("The last column is the CPU the ctrl would need per second of real time to keep up with this cluster at the heartbeat rates above, on one core: its decisions are serialized under one mutex (Service.mu), and its saves under another (saveMu).\n\n")
 
 	w("## Where the design stops scaling\n\n")
-	saveMean, allocMean := 0.0, 0.0
+	saveMean, saveTotal, allocMean := 0.0, 0.0, 0.0
 	for i := range cpu {
 		switch cpu[i]["kind"] {
 		case kindNames[kindSave]:
-			saveMean = cpu.f(i, "mean_us")
+			saveMean, saveTotal = cpu.f(i, "mean_us"), cpu.f(i, "total_s")
 		case kindNames[kindAlloc]:
 			allocMean = cpu.f(i, "mean_us")
 		}
 	}
-	w("- **Whole-state saves.** Every save builds the whole State (every slab of every session, each grant signed) and encodes every key to find the few that changed: %.1f ms of CPU per save here, for a store of %s MiB, growing with servers × slabs. At one save per %s s tick that is %.2f CPU s per second; saving per request, as the service does when requests come one at a time, is that per allocation. What would change it: the state machine marking the servers and sessions it changed, so a save encodes only those (the transaction is already per key), or keys per slab (`sessions/ID/slabs/N`), so a replacement rewrites one slab rather than its session's whole map.\n",
-		saveMean/1e3, mib(series.f(last, "etcd_state_bytes")), sv("save_every_s"), saveMean/1e6/num("save_every_s"))
+	w("- **Whole-state saves.** Every save builds the whole State (every slab of every session, each grant signed) and encodes every key to find the few that changed: %.1f ms of CPU per save here, for a store of %s MiB, growing with servers × slabs. Saving at most once per %s s tick, that is %.2f CPU s per simulated second here; saving per request, as the service does when requests come one at a time, costs that much per allocation. What would change it: the state machine marking the servers and sessions it changed, so a save encodes only those (the transaction is already per key), or keys per slab (`sessions/ID/slabs/N`), so a replacement rewrites one slab rather than its session's whole map.\n",
+		saveMean/1e3, mib(series.f(last, "etcd_state_bytes")), sv("save_every_s"), saveTotal/dur)
 	w("- **One transaction for a whole loss.** A server's death changes every session with a slab on it, and all of it is one save: the largest transaction here, %.0f operations and %s MiB, against etcd's defaults of %d and %s MiB. Past them the ctrl cannot save at all (and so places nothing) until etcd is restarted with larger limits, and etcd is built for small values: its docs say larger requests raise the latency of the others. What would change it: saving a large change in several transactions (each conditioned on the revision the last one made), or per-slab keys, which also make each operation small.\n",
 		maxOps, mib(maxBytes), etcdMaxTxnOps, mib(etcdMaxReqBytes))
 	w("- **Placement scans every server.** An allocation computes each live server's free memory by walking the slabs placed on it, for each replica: %.0f µs of CPU per allocation here, growing with servers × slabs per server. What would change it: keeping each server's granted-but-unreported pages as a running sum, and sampling the two candidates of power of two choices directly rather than listing every server with room.\n", allocMean)
@@ -206,5 +206,5 @@ func renderDir(dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, "ctrlsim.md"), []byte(b.String()), 0o644); err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, "ctrlsim.svg"), []byte(plot(series, losses)), 0o644)
+	return os.WriteFile(filepath.Join(dir, "ctrlsim.svg"), []byte(plot(series, losses, warm)), 0o644)
 }
