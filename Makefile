@@ -147,7 +147,9 @@ bin/bench-ctrl:
 
 # The ctrl past this machine, by simulation: its state machine driven at 1,000 memory servers and
 # 10,000 sessions with churn and rack losses, the etcd store's transactions counted (no etcd):
-# results/ctrlsim/ (CSVs, ctrlsim.md, ctrlsim.svg). FLAGS=... for a smaller run (-servers 100 ...).
+# results/ctrlsim/ (CSVs, ctrlsim.md, ctrlsim.svg). The ctrl's own placement and saves make the full
+# run take tens of minutes of CPU (one core); FLAGS="-servers 100 -rack 10 -sessions 1000 -out DIR"
+# is a one-minute run.
 .PHONY: bench-ctrlsim
 bench-ctrlsim:
 	$(GO) run ./workloads/ctrlsim -commit $(COMMIT) $(FLAGS)

@@ -74,6 +74,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	sim.progress = func(format string, a ...any) { fmt.Fprintf(os.Stderr, format+"\n", a...) }
 	var ru0 syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
 	start := time.Now()

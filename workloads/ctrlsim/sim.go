@@ -110,6 +110,7 @@ type Sim struct {
 	refused    int     // allocations the ctrl refused (no room)
 	deaths     int     // servers the ctrl declared dead
 	violations []string
+	progress   func(format string, a ...any) // a line every 10 simulated seconds; nil: none
 }
 
 type simServer struct {
@@ -192,6 +193,18 @@ func (s *Sim) Run() error {
 	}
 	for t := p.RowEvery; t <= p.Duration; t += p.RowEvery {
 		s.at(t, s.row)
+	}
+	if s.progress != nil {
+		start := time.Now()
+		for t := 10 * time.Second; t <= p.Duration; t += 10 * time.Second {
+			s.at(t, func() {
+				slabs := 0
+				for _, ss := range s.sessions {
+					slabs += len(ss.slabs)
+				}
+				s.progress("ctrlsim: %v of %v simulated: %d sessions holding %d slabs (%v wall so far)", t, p.Duration, len(s.sessions), slabs, time.Since(start).Round(time.Second))
+			})
+		}
 	}
 	for s.events.Len() > 0 {
 		ev := heap.Pop(&s.events).(event)
