@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -157,5 +159,40 @@ func TestSimBadParams(t *testing.T) {
 		if err := run(args); err == nil {
 			t.Errorf("run %q: no error", args)
 		}
+	}
+}
+
+// The report is made from the CSVs alone: what it says comes from the rows written.
+func TestSimReportFromCSVs(t *testing.T) {
+	s := runSmall(t, 3)
+	dir := t.TempDir()
+	info := runInfo{Command: "go run ./workloads/ctrlsim -test", Commit: "abc123", Date: "today", Go: "go", CPUs: 2, Params: s.p}
+	if err := writeRun(dir, info, s, &cpuMeter{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := renderDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "ctrlsim.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	series, err := readCSV(filepath.Join(dir, "series.csv"))
+	if err != nil || len(series) != len(s.Rows) {
+		t.Fatalf("series.csv: %d rows (%v), want %d", len(series), err, len(s.Rows))
+	}
+	doc := string(md)
+	for _, want := range []string{"`go run ./workloads/ctrlsim -test`, at commit abc123", "## Placement balance", "## Restoring every replica",
+		"## etcd writes", "## Where the design stops scaling", "| rack "} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("the report has no %q", want)
+		}
+	}
+	svg, err := os.ReadFile(filepath.Join(dir, "ctrlsim.svg"))
+	if err != nil || !strings.Contains(string(svg), "<polyline") {
+		t.Errorf("no plot: %v", err)
+	}
+	if err := renderDir(t.TempDir()); err == nil {
+		t.Error("rendering an empty directory: no error")
 	}
 }
