@@ -169,7 +169,7 @@ func renderDir(dir string) error {
 	// CPU.
 	dur := num("duration_s")
 	w("## The ctrl's CPU per decision\n\n")
-	w("Measured: the CPU time of the simulation's thread around each call (CLOCK_THREAD_CPUTIME_ID; the garbage collector's background work runs on other threads and is not in it). These figures are the only ones that vary between runs, and they depend on the machine; %s's run had %s s of CPU in all. Every call first ticks the machine (a tick with nothing due scans the servers and sessions without sorting), so each request pays for the cluster's size.\n\n", run["commit"], run["cpu_s"])
+	w("Measured: the CPU time of the simulation's thread around each call (CLOCK_THREAD_CPUTIME_ID; the garbage collector's background work runs on other threads and is not in it). These figures are the only ones that vary between runs, and they depend on the machine; %s's run had %s s of CPU in all. The state machine's part only: the HTTP, TLS and JSON of each request are not in it, and the service ticks the machine once more before each call. Every call first ticks the machine (a tick with nothing due scans the servers and sessions without sorting), so each request pays for the cluster's size.\n\n", run["commit"], run["cpu_s"])
 	w("| call | count | mean µs | p50 µs | p99 µs | CPU s in all | CPU s per simulated s |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	var total float64
 	for i := range cpu {
