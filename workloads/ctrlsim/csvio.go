@@ -48,7 +48,7 @@ func writeRun(dir string, info runInfo, sim *Sim, meter *cpuMeter) error {
 		{"slab_turnover_s", secs(p.SlabTurnover)}, {"session_life_s", secs(p.SessionLife)},
 		{"churn_from_s", secs(p.ChurnFrom)}, {"churn_every_s", secs(p.ChurnEvery)}, {"rack_losses", durations(p.RackLosses)},
 		{"rack_return_s", secs(p.RackReturn)}, {"server_bw_bytes_s", fmt.Sprintf("%.0f", p.ServerBW)},
-		{"client_bw_bytes_s", fmt.Sprintf("%.0f", p.ClientBW)}, {"save_every_s", secs(p.SaveEvery)},
+		{"client_bw_bytes_s", fmt.Sprintf("%.0f", p.ClientBW)}, {"save_every_s", secs(p.SaveEvery)}, {"save_per_change", strconv.FormatBool(p.SavePerChange)},
 		{"server_interval_s", secs(p.ServerInterval)}, {"session_interval_s", secs(p.SessionInterval)},
 	}
 	series := [][]string{seriesHeader}

@@ -47,6 +47,7 @@ func run(args []string) error {
 	fs.DurationVar(&p.RackReturn, "rack-return", p.RackReturn, "a lost rack comes back as new servers this long after (0: never)")
 	gbit := fs.Float64("nic-gbit", p.ServerBW*8/1e9, "every server's and client host's NIC, Gbit/s each way")
 	fs.DurationVar(&p.SaveEvery, "save-every", p.SaveEvery, "the changes of this interval are one etcd transaction")
+	fs.BoolVar(&p.SavePerChange, "save-per-change", false, "also save after every request that changed the state (the service's pace when requests come one at a time)")
 	out := fs.String("out", "results/ctrlsim", "directory of the results")
 	commit := fs.String("commit", "", "the commit measured (default: git's HEAD, -dirty if tracked files differ)")
 	render := fs.String("render", "", "re-make DIR's report from its CSVs; run nothing")

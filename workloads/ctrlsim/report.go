@@ -63,8 +63,15 @@ func renderDir(dir string) error {
 	w("each frees its oldest slab and allocates a new one every %s s on average (exponential), and ends after %s s on average, replaced at once by a new session. ", sv("slab_turnover_s"), sv("session_life_s"))
 	w("They heartbeat every %s s; when the generation moves they fetch their slab map and fill each replacement replica from a ready copy, then call ReplicaReady (as remote/maintain.go does). A session that finds a slab lost stops (its program is stopped: it never serves zeros) and a new one takes its place.\n", sv("session_interval_s"))
 	w("- **Copies** (the restore times are this model's): a copy crosses three NICs, the source server's sending side, the client host's, and the target server's receiving side, each of %.0f Gbit/s each way; every NIC shares its bandwidth equally among the copies crossing it, and a copy moves at the smallest of its three shares, recomputed whenever a copy starts or ends. A copy moves the whole slab (an upper bound: a client copies the pages it has handed out). \n", num("server_bw_bytes_s")*8/1e9)
-	w("- **etcd**: every %s s the service's tick advances the machine and, if the state changed, saves it: `ctrl.State()` then `ctrl.EtcdSaveTxn`, the function `EtcdStore.Save` calls to build its transaction, diffed against what the previous save wrote, exactly as the store diffs. Counted: transactions, their operations (puts and deletes: one key per server, one per session, and the meta key every time), and their bytes (keys plus values; etcd adds framing and the revision compare, and each member writes the entry to its log). ", sv("save_every_s"))
-	w("The real service saves before it answers each request that changed the state, and requests arriving during a save share the next one; so it issues between this many transactions and one per change (the `changes` column), with the same keys written.\n\n")
+	w("- **etcd**: every %s s the service's tick advances the machine and, if the state changed, saves it", sv("save_every_s"))
+	if run["save_per_change"] == "true" {
+		w(", and so does every request that changed the state, before it is answered (the service's pace when requests come one at a time)")
+	}
+	w(": `ctrl.State()` then `ctrl.EtcdSaveTxn`, the function `EtcdStore.Save` calls to build its transaction, diffed against what the previous save wrote, exactly as the store diffs. Counted: transactions, their operations (puts and deletes: one key per server, one per session, and the meta key every time), and their bytes (keys plus values; etcd adds framing and the revision compare, and each member writes the entry to its log). ")
+	if run["save_per_change"] != "true" {
+		w("The real service saves before it answers each request that changed the state, and requests arriving during a save share the next one; so it issues between this many transactions and one per change (the `changes` column; `-save-per-change` simulates that pace), with the same keys written.")
+	}
+	w("\n\n")
 
 	// Balance.
 	warm := num("warmup_s") + 1

@@ -36,6 +36,7 @@ type Params struct {
 	ServerBW        float64       // bytes/s each server's NIC moves each way
 	ClientBW        float64       // bytes/s each client host's NIC moves each way
 	SaveEvery       time.Duration // group commit: the changes of this interval are one save
+	SavePerChange   bool          // also save after every request that changed the state, as the service does when requests come one at a time
 	RowEvery        time.Duration // one row of the time series per interval
 	Prefix          string        // the etcd store's key prefix
 	ServerInterval  time.Duration // memory-server heartbeats (the ctrl's ServerInterval)
@@ -542,6 +543,9 @@ func (s *Sim) decide(k kind, fn func(now time.Time)) {
 	s.cpu.time(k, func() { fn(s.wall()) })
 	if s.c.Version() != before {
 		s.interval.changes++
+		if s.p.SavePerChange && k != kindTick {
+			s.save() // the service answers a request that changed the state once it is saved
+		}
 	}
 	s.takeEvents()
 }
@@ -575,33 +579,36 @@ func (s *Sim) takeEvents() {
 // tick is the service's: advance the machine, and save what changed as one transaction.
 func (s *Sim) tick() {
 	s.decide(kindTick, func(now time.Time) { s.c.Tick(now) })
-	if v := s.c.Version(); v != s.savedVer {
-		s.savedVer = v
-		var st ctrl.State
-		var kv map[string]string
-		var ops []ctrl.EtcdOp
-		var err error
-		s.cpu.time(kindSave, func() {
-			st = s.c.State()
-			kv, ops, err = ctrl.EtcdSaveTxn(s.p.Prefix, s.etcd.known, st)
-		})
-		if err != nil {
-			s.violate("encoding the state: %v", err)
-			return
-		}
-		s.etcd.known = kv
-		n, b := s.etcd.count(ops)
-		s.interval.txns++
-		s.interval.ops += n
-		s.interval.bytes += b
-		s.interval.maxOps = max(s.interval.maxOps, n)
-		s.interval.maxBytes = max(s.interval.maxBytes, b)
-		for _, l := range s.openLoss {
-			l.MaxTxnOps = max(l.MaxTxnOps, n)
-			l.MaxTxnBytes = max(l.MaxTxnBytes, b)
-		}
-	}
+	s.save()
 	s.checkRestored()
+}
+
+// save counts the transaction the etcd store would issue for what changed since the last save.
+func (s *Sim) save() {
+	v := s.c.Version()
+	if v == s.savedVer {
+		return
+	}
+	s.savedVer = v
+	var kv map[string]string
+	var ops []ctrl.EtcdOp
+	var err error
+	s.cpu.time(kindSave, func() { kv, ops, err = ctrl.EtcdSaveTxn(s.p.Prefix, s.etcd.known, s.c.State()) })
+	if err != nil {
+		s.violate("encoding the state: %v", err)
+		return
+	}
+	s.etcd.known = kv
+	n, b := s.etcd.count(ops)
+	s.interval.txns++
+	s.interval.ops += n
+	s.interval.bytes += b
+	s.interval.maxOps = max(s.interval.maxOps, n)
+	s.interval.maxBytes = max(s.interval.maxBytes, b)
+	for _, l := range s.openLoss {
+		l.MaxTxnOps = max(l.MaxTxnOps, n)
+		l.MaxTxnBytes = max(l.MaxTxnBytes, b)
+	}
 }
 
 // checkRestored closes the open losses once every live slab is whole: as many replicas as

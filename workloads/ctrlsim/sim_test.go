@@ -196,3 +196,42 @@ func TestSimReportFromCSVs(t *testing.T) {
 		t.Error("rendering an empty directory: no error")
 	}
 }
+
+// Saving per change (the service's pace one request at a time) issues a transaction for every
+// change a request made, and decides the same.
+func TestSimSavePerChange(t *testing.T) {
+	p := small(5)
+	tick, err := NewSim(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.SavePerChange = true
+	each, err := NewSim(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []*Sim{tick, each} {
+		if err := s.Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum := func(s *Sim) (txns, changes int) {
+		for _, r := range s.Rows {
+			txns += r.Txns
+			changes += r.Changes
+		}
+		return
+	}
+	t1, c1 := sum(tick)
+	t2, c2 := sum(each)
+	t.Logf("per tick: %d txns for %d changes; per change: %d txns for %d changes", t1, c1, t2, c2)
+	if c1 != c2 || t2 <= t1 || t2 < c2/2 {
+		t.Errorf("per tick: %d txns for %d changes; per change: %d txns for %d changes", t1, c1, t2, c2)
+	}
+	for i := range tick.Rows {
+		a, b := tick.Rows[i], each.Rows[i]
+		if a.Slabs != b.Slabs || a.UsedMaxPages != b.UsedMaxPages || a.Degraded != b.Degraded {
+			t.Fatalf("at %v the runs decided differently: %+v and %+v", a.T, a, b)
+		}
+	}
+}
