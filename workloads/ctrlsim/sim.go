@@ -122,7 +122,6 @@ type simServer struct {
 	used     uint64
 	alive    bool // running: heartbeats and serves copies
 	heard    bool // the ctrl has had a heartbeat of it
-	joinedAt time.Duration
 }
 
 type simSession struct {
@@ -240,7 +239,7 @@ func (s *Sim) startServer(t time.Duration, rack int) *simServer {
 		id[i] = byte(s.rnd.Uint32())
 	}
 	srv := &simServer{id: fmt.Sprintf("%x", id), addr: fmt.Sprintf("10.%d.%d.%d:7070", rack/256, rack%256, n%250+1),
-		rack: rack, capacity: s.p.CapacityPages, held: map[uint64]uint32{}, alive: true, joinedAt: t}
+		rack: rack, capacity: s.p.CapacityPages, held: map[uint64]uint32{}, alive: true}
 	s.servers = append(s.servers, srv)
 	s.byID[srv.id] = srv
 	s.at(t, func() { s.serverHeartbeat(srv) })
@@ -343,22 +342,21 @@ func (s *Sim) liveServers() []*simServer {
 
 // Loss is one loss of servers and what it took to make every slab whole again.
 type Loss struct {
-	Kind          string
-	At            time.Duration
-	Servers       int
-	ReplicasGone  int           // slab copies the servers held
-	BytesGone     uint64        // their bytes
-	DetectedAt    time.Duration // the ctrl declared the last of them dead
-	PlacedAt      time.Duration // the last replacement was placed (-1: none)
-	RestoredAt    time.Duration // every slab had its replicas, all ready (-1: not by the end)
-	SlabsLost     int           // slabs with no copy left
-	CopyBytes     uint64        // bytes copied while it was open
-	Copies        int
-	MaxTxnOps     int // the largest transaction while it was open
-	MaxTxnBytes   int
-	dead          map[string]bool
-	deadSeen      int
-	placedPending bool
+	Kind         string
+	At           time.Duration
+	Servers      int
+	ReplicasGone int           // slab copies the servers held
+	BytesGone    uint64        // their bytes
+	DetectedAt   time.Duration // the ctrl declared the last of them dead
+	PlacedAt     time.Duration // the last replacement was placed (-1: none)
+	RestoredAt   time.Duration // every slab had its replicas, all ready (-1: not by the end)
+	SlabsLost    int           // slabs with no copy left
+	CopyBytes    uint64        // bytes copied while it was open
+	Copies       int
+	MaxTxnOps    int // the largest transaction while it was open
+	MaxTxnBytes  int
+	dead         map[string]bool
+	deadSeen     int
 }
 
 func (s *Sim) startLoss(kind string, gone []*simServer) {
