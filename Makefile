@@ -153,6 +153,25 @@ bin/bench-fabric:
 	@mkdir -p bin
 	$(GO) build -o $@ ./workloads/bench/fabric
 
+# The ctrl's store (file, etcd of 1 and 3 members): slab placement and re-replication latency, real
+# ctrl, etcd and memory servers on loopback, interleaved rounds (about a minute): a section of
+# results/fabric.md and results/fabric-ctrl.csv. Needs the etcd of scripts/test-deps.sh.
+.PHONY: bench-ctrl bin/bench-ctrl
+bench-ctrl: build bin/bench-ctrl
+	bin/bench-ctrl -commit $(COMMIT) $(FLAGS)
+bin/bench-ctrl:
+	@mkdir -p bin
+	$(GO) build -o $@ ./workloads/bench/ctrl
+
+# The ctrl past this machine, by simulation: its state machine driven at 1,000 memory servers and
+# 10,000 sessions with churn and rack losses, the etcd store's transactions counted (no etcd):
+# results/ctrlsim/ (CSVs, ctrlsim.md, ctrlsim.svg). The ctrl's own placement and saves make the full
+# run take tens of minutes of CPU (one core); FLAGS="-servers 100 -rack 10 -sessions 1000 -out DIR"
+# is a one-minute run.
+.PHONY: bench-ctrlsim
+bench-ctrlsim:
+	$(GO) run ./workloads/ctrlsim -commit $(COMMIT) $(FLAGS)
+
 # The rdma transport's tests, for real: boots Debian's 6.1 kernel under qemu (TCG) with rdma_rxe
 # on a dummy netdev and runs the C probe and `go test -tags rdma ./fabric/` inside it (as root;
 # installs qemu-system-x86, busybox-static, libibverbs-dev... when missing). Not part of `test`.

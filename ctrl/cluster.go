@@ -1,6 +1,7 @@
 package ctrl
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"math/rand/v2"
@@ -140,27 +141,55 @@ func (c *Cluster) eventf(now time.Time, format string, a ...any) {
 // Tick advances the machine to now: servers silent for DeadAfter die (their replicas are
 // replaced or their slabs lost), sessions silent for SessionTimeout end, degraded slabs get
 // replacement replicas where there is room, long-dead servers are forgotten.
+//
+// Every request ticks, so a tick with nothing due must cost little: the loops that act, in
+// sorted order for determinism, run only when an unordered look finds something due.
 func (c *Cluster) Tick(now time.Time) {
-	for _, id := range sortedKeys(c.servers) {
-		s := c.servers[id]
-		if !s.dead && now.Sub(s.lastSeen) > c.cfg.DeadAfter {
-			c.serverDied(s, now)
+	if c.anyServerDue(now) {
+		for _, id := range sortedKeys(c.servers) {
+			s := c.servers[id]
+			if !s.dead && now.Sub(s.lastSeen) > c.cfg.DeadAfter {
+				c.serverDied(s, now)
+			}
 		}
 	}
-	for _, id := range sortedSessions(c.sessions) {
-		ss := c.sessions[id]
-		if now.Sub(ss.lastSeen) > c.cfg.SessionTimeout {
-			n := c.endSession(ss)
-			c.eventf(now, "session %s (%s) expired: no heartbeat for %v; %d slabs released", ss.id, ss.name, c.cfg.SessionTimeout, n)
+	if c.anySessionDue(now) {
+		for _, id := range sortedSessions(c.sessions) {
+			ss := c.sessions[id]
+			if now.Sub(ss.lastSeen) > c.cfg.SessionTimeout {
+				n := c.endSession(ss)
+				c.eventf(now, "session %s (%s) expired: no heartbeat for %v; %d slabs released", ss.id, ss.name, c.cfg.SessionTimeout, n)
+			}
 		}
 	}
 	c.rereplicate(now)
-	for _, id := range sortedKeys(c.servers) {
-		if s := c.servers[id]; s.dead && now.Sub(s.deadAt) > c.cfg.DeadRetention {
-			delete(c.servers, id)
-			c.changed()
+	if c.anyServerDue(now) {
+		for _, id := range sortedKeys(c.servers) {
+			if s := c.servers[id]; s.dead && now.Sub(s.deadAt) > c.cfg.DeadRetention {
+				delete(c.servers, id)
+				c.changed()
+			}
 		}
 	}
+}
+
+// anyServerDue: a live server is silent past DeadAfter, or a dead one listed past DeadRetention.
+func (c *Cluster) anyServerDue(now time.Time) bool {
+	for _, s := range c.servers {
+		if (!s.dead && now.Sub(s.lastSeen) > c.cfg.DeadAfter) || (s.dead && now.Sub(s.deadAt) > c.cfg.DeadRetention) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Cluster) anySessionDue(now time.Time) bool {
+	for _, ss := range c.sessions {
+		if now.Sub(ss.lastSeen) > c.cfg.SessionTimeout {
+			return true
+		}
+	}
+	return false
 }
 
 // serverDied gives up every replica on s. A slab that still has a ready copy gets a
@@ -603,7 +632,8 @@ func sortedSessions[V any](m map[fabric.SessionID]V) []fabric.SessionID {
 	for k := range m {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b fabric.SessionID) int { return strings.Compare(string(a[:]), string(b[:])) })
+	// bytes.Compare orders as strings.Compare would, without a string per comparison.
+	slices.SortFunc(keys, func(a, b fabric.SessionID) int { return bytes.Compare(a[:], b[:]) })
 	return keys
 }
 

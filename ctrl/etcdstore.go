@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -187,36 +186,8 @@ func (e *EtcdStore) loadLocked(ctx context.Context) (State, Revision, bool, erro
 	return st, rev, true, nil
 }
 
-// encode is st as the store's keys and values.
-func (e *EtcdStore) encode(st State) (map[string]string, error) {
-	out := map[string]string{}
-	put := func(k string, v any) error {
-		b, err := json.Marshal(v)
-		out[e.prefix+k] = string(b)
-		return err
-	}
-	if err := put(etcdMeta, etcdMetaValue{Version: st.Version, NextSlab: st.NextSlab}); err != nil {
-		return nil, err
-	}
-	for _, s := range st.Servers {
-		if err := put(etcdServers+url.PathEscape(s.ID), s); err != nil {
-			return nil, err
-		}
-	}
-	for _, s := range st.Sessions {
-		if err := put(etcdSessions+s.ID.String(), s); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
 // Save writes what changed since rev in one transaction conditioned on meta still being at rev.
 func (e *EtcdStore) Save(ctx context.Context, st State, rev Revision) (Revision, error) {
-	kv, err := e.encode(st)
-	if err != nil {
-		return 0, err
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if rev != e.knownRev {
@@ -229,16 +200,17 @@ func (e *EtcdStore) Save(ctx context.Context, st State, rev Revision) (Revision,
 			return 0, fmt.Errorf("%w: saving over revision %d, etcd holds revision %d", ErrStale, rev, e.knownRev)
 		}
 	}
-	meta := e.prefix + etcdMeta
-	ops := []clientv3.Op{clientv3.OpPut(meta, kv[meta])} // always: its ModRevision is the state's
-	for _, k := range slices.Sorted(maps.Keys(kv)) {
-		if v, ok := e.known[k]; k != meta && (!ok || v != kv[k]) {
-			ops = append(ops, clientv3.OpPut(k, kv[k]))
-		}
+	kv, planned, err := EtcdSaveTxn(e.prefix, e.known, st)
+	if err != nil {
+		return 0, err
 	}
-	for _, k := range slices.Sorted(maps.Keys(e.known)) {
-		if _, ok := kv[k]; !ok {
-			ops = append(ops, clientv3.OpDelete(k))
+	meta := e.prefix + etcdMeta
+	ops := make([]clientv3.Op, 0, len(planned))
+	for _, op := range planned {
+		if op.Delete {
+			ops = append(ops, clientv3.OpDelete(op.Key))
+		} else {
+			ops = append(ops, clientv3.OpPut(op.Key, op.Value))
 		}
 	}
 	if len(ops) > e.maxOps {

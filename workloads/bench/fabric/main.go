@@ -748,6 +748,14 @@ func report(lat, thr, flt []*path, ps string) error {
 		return err
 	}
 	os.Stdout.WriteString(b.String())
+	// make bench-ctrl keeps a section of its own at the end of this file, between markers
+	// (workloads/bench/ctrl): carry it over.
+	if old, err := os.ReadFile(*out); err == nil {
+		if i := bytes.Index(old, []byte("<!-- bench-ctrl:")); i >= 0 {
+			b.WriteString("\n")
+			b.Write(old[i:])
+		}
+	}
 	return os.WriteFile(*out, []byte(b.String()), 0o644)
 }
 
