@@ -70,6 +70,7 @@ func (c *Compressed) Store(src []byte, slots []Slot) error {
 		}
 		s, err := c.put(blob)
 		if err != nil {
+			c.unput(slots[:i]) // a failed Store keeps nothing: the caller frees no slot of it
 			return err
 		}
 		slots[i] = s
@@ -86,7 +87,23 @@ func (c *Compressed) put(blob []byte) (Slot, error) {
 		return 0, errClosed
 	}
 	class := (len(blob) - 1) / classSize
-	return Slot(c.classes[class].put(blob))<<classBits | Slot(class), nil
+	i, err := c.classes[class].put(blob)
+	if err != nil {
+		return 0, err
+	}
+	return Slot(i)<<classBits | Slot(class), nil
+}
+
+// unput releases the slots a failed Store had filled; after Close they are gone already.
+func (c *Compressed) unput(slots []Slot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for _, s := range slots {
+		c.classes[s&classMask].release(int(s >> classBits))
+	}
 }
 
 // Load implements Backend.

@@ -15,7 +15,8 @@ var errClosed = errors.New("backend: store is closed")
 
 // Memory is the embedded backend: pages kept in the farmem process itself, in one arena of
 // 4 KiB blobs whose index is the slot. Storing and loading are a memcpy and allocate nothing
-// once the chunks exist. It makes `farmem run` work with no cluster; it does not reduce the
+// once the chunks exist; the pages of freed slots go back to the kernel once they add up (see
+// arena). It makes `farmem run` work with no cluster; it does not reduce the
 // machine's total memory use (that is what memory servers are for, or Compressed shrinks it).
 type Memory struct {
 	mu     sync.Mutex
@@ -38,7 +39,14 @@ func (m *Memory) Store(src []byte, slots []Slot) error {
 		return errClosed
 	}
 	for i := 0; i < n; i++ {
-		slots[i] = Slot(m.pages.put(src[i*PageSize : (i+1)*PageSize]))
+		j, err := m.pages.put(src[i*PageSize : (i+1)*PageSize])
+		if err != nil {
+			for _, s := range slots[:i] { // a failed Store keeps nothing: the caller frees no slot of it
+				m.pages.release(int(s))
+			}
+			return err
+		}
+		slots[i] = Slot(j)
 	}
 	return nil
 }
