@@ -42,9 +42,9 @@ type chunk struct {
 }
 
 const (
-	// trimShare: free blobs are given back once they hold more than 1/trimShare of the bytes
-	// in use; each trim then gives back at least that much, so its system calls are amortized
-	// over that many frees.
+	// trimShare: free blobs are given back once the pages they may keep resident (one each)
+	// come to more than 1/trimShare of the bytes in use; each trim then gives back up to that
+	// much, so its system calls are amortized over that many frees.
 	trimShare = 16
 	// trimMin is the least a trim gives back, so a nearly empty store does not trim on every
 	// free.
@@ -112,7 +112,9 @@ func (a *arena) release(i int) bool {
 	c.lens[j] = 0
 	a.free = append(a.free, i)
 	a.inUse--
-	if len(a.free)*a.size > max(trimMin, a.inUse*a.size/trimShare) {
+	// Counted in pages, not blobs' bytes: a free blob of a small class can keep a whole page
+	// resident when its neighbours were freed and trimmed before it.
+	if len(a.free)*PageSize > max(trimMin, a.inUse*a.size/trimShare) {
 		a.trim()
 	}
 	return true
