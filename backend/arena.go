@@ -15,11 +15,12 @@ import (
 // The chunks are mapped with mmap, outside the Go heap: a store of a few GiB on the heap would
 // set the collector's goal at twice that, so every byte of garbage the rest of farmem makes
 // could stay resident up to the store's size again. Outside the heap, the pages of freed blobs
-// can also be given back to the kernel (trim), which the store does once they add up to more
-// than trimShare of what it holds, so that farmem's memory follows what its store holds
-// rather than the most it ever held.
+// can also be given back to the kernel, which the store's trimmer does once they add up to more
+// than a trimShare-th of what it holds (see trimmer), so that farmem's memory follows what its
+// store holds rather than the most it ever held.
 //
-// An arena has no lock of its own: its owner's lock protects every field.
+// An arena has no lock of its own: its owner's lock protects every field, except rel between
+// takeTrim and endTrim, which belongs to the owner's trimmer alone.
 type arena struct {
 	size     int     // bytes per blob; at most PageSize, so a length fits a uint16
 	perChunk int     // blobs per chunk
@@ -27,11 +28,18 @@ type arena struct {
 	// free holds released indices whose memory may still be resident: reused first, last in
 	// first out, so a page freed and stored again in the next eviction batch costs no fault.
 	free []int
-	// cold holds released indices whose pages trim gave back (or tried to: a page that also
+	// cold holds released indices whose pages a trim gave back (or tried to: a page that also
 	// holds a live blob stays), reused once free is empty.
 	cold  []int
 	next  int // next never-used index
 	inUse int // blobs currently holding data
+	// due: free has grown past the trim threshold, and the owner's trimmer should take it.
+	due bool
+	// trimming: rel's pages are being given back outside the lock. Until endTrim, put must
+	// not reuse a cold blob: it may lie on one of those pages, whose data the kernel would
+	// then discard.
+	trimming bool
+	rel      releaser
 }
 
 // chunk is one mapping of perChunk blobs. The lengths live beside the data, allocated with it,
@@ -43,8 +51,9 @@ type chunk struct {
 
 const (
 	// trimShare: free blobs are given back once the pages they may keep resident (one each)
-	// come to more than 1/trimShare of the bytes in use; each trim then gives back up to that
-	// much, so its system calls are amortized over that many frees.
+	// come to more than 1/trimShare of the bytes in use, so farmem holds little beyond what
+	// its store holds, and each trim gives back at least that much: its system calls are
+	// amortized over that many frees.
 	trimShare = 16
 	// trimMin is the least a trim gives back, so a nearly empty store does not trim on every
 	// free.
@@ -63,7 +72,7 @@ func (a *arena) put(b []byte) (int, error) {
 	if k := len(a.free); k > 0 {
 		i = a.free[k-1]
 		a.free = a.free[:k-1]
-	} else if k := len(a.cold); k > 0 {
+	} else if k := len(a.cold); k > 0 && !a.trimming {
 		i = a.cold[k-1]
 		a.cold = a.cold[:k-1]
 	} else {
@@ -103,7 +112,7 @@ func (a *arena) get(i int) []byte {
 }
 
 // release frees blob i for reuse; it reports false if i held nothing, which callers treat as a
-// double free. Once enough is free it trims, under the owner's lock like everything else.
+// double free. Once enough is free it sets due: the owner then wakes its trimmer.
 func (a *arena) release(i int) bool {
 	if a.get(i) == nil {
 		return false
@@ -115,40 +124,54 @@ func (a *arena) release(i int) bool {
 	// Counted in pages, not blobs' bytes: a free blob of a small class can keep a whole page
 	// resident when its neighbours were freed and trimmed before it.
 	if len(a.free)*PageSize > max(trimMin, a.inUse*a.size/trimShare) {
-		a.trim()
+		a.due = true
 	}
 	return true
 }
 
-// trim gives back to the kernel every page of the chunks that holds only free blobs among the
-// blobs of free, with MADV_DONTNEED: the page reads as zeros and costs nothing until a blob on
-// it is stored again. A blob of a size class that shares a page with a live blob keeps the page.
-// free's blobs then move to cold. Sorting first makes neighbouring blobs one madvise call.
-func (a *arena) trim() {
+// takeTrim starts a trim if one is due and none is running: it queues on rel every page of
+// the chunks that holds only free blobs among the blobs of free, moves those blobs to cold,
+// and sets trimming. It reports whether it queued any page; the trimmer then calls rel.flush
+// without the owner's lock, and endTrim with it. Sorting first makes neighbouring blobs one
+// range. A page shared with a live blob (a size class's blob across a page boundary) stays.
+func (a *arena) takeTrim() bool {
+	if !a.due || a.trimming {
+		return false
+	}
+	a.due = false
 	slices.Sort(a.free)
 	run := pageRun{chunk: -1}
 	for _, i := range a.free {
 		ci, j := (i-1)/a.perChunk, (i-1)%a.perChunk
-		c := &a.chunks[ci]
 		for p := j * a.size / PageSize; p <= ((j+1)*a.size-1)/PageSize; p++ {
-			if ci == run.chunk && p < run.end || !a.pageFree(c, p) {
+			if ci == run.chunk && p < run.end || !a.pageFree(ci, p) {
 				continue // already in the run, or a live blob shares the page
 			}
 			if ci != run.chunk || p != run.end {
-				run.release(a.chunks)
+				a.queue(run)
 				run = pageRun{chunk: ci, start: p, end: p}
 			}
 			run.end++
 		}
 	}
-	run.release(a.chunks)
+	a.queue(run)
 	a.cold = append(a.cold, a.free...)
 	a.free = a.free[:0]
+	a.trimming = len(a.rel.iov) > 0
+	return a.trimming
 }
 
-// pageFree reports whether every blob on page p of chunk c is free.
-func (a *arena) pageFree(c *chunk, p int) bool {
+// endTrim ends the trim takeTrim started, once rel's pages are given back.
+func (a *arena) endTrim() { a.trimming = false }
+
+// pageFree reports whether every blob on page p of chunk ci is free. A blob never used counts
+// as live: put takes it from next even while a trim runs, so its page must not be in one.
+func (a *arena) pageFree(ci, p int) bool {
+	c := &a.chunks[ci]
 	last := min(((p+1)*PageSize-1)/a.size, a.perChunk-1)
+	if ci*a.perChunk+last+1 >= a.next {
+		return false
+	}
 	for j := p * PageSize / a.size; j <= last; j++ {
 		if c.lens[j] != 0 {
 			return false
@@ -157,28 +180,27 @@ func (a *arena) pageFree(c *chunk, p int) bool {
 	return true
 }
 
-// pageRun is pages [start, end) of chunk chunk, to be given back in one call.
+// pageRun is pages [start, end) of chunk chunk, to be given back as one range.
 type pageRun struct{ chunk, start, end int }
 
-func (r pageRun) release(chunks []chunk) {
+// queue adds run to rel.
+func (a *arena) queue(r pageRun) {
 	if r.chunk < 0 || r.start == r.end {
 		return
 	}
-	data := chunks[r.chunk].data
+	data := a.chunks[r.chunk].data
 	// The slice ends at the last blob, which may end inside a page; the kernel rounds the
 	// length up to the page, which is free too (pageFree checked every blob on it).
-	lo, hi := r.start*PageSize, min(r.end*PageSize, len(data))
-	// An error here would only leave the pages resident: the data they held is free either way.
-	_ = unix.Madvise(data[lo:hi], unix.MADV_DONTNEED)
+	a.rel.add(data[r.start*PageSize : min(r.end*PageSize, len(data))])
 }
 
 // close unmaps the chunks; every index then reads as holding nothing. next is kept so that a
-// stale index is never mistaken for a live one.
+// stale index is never mistaken for a live one. The owner's trimmer must have stopped.
 func (a *arena) close() {
 	for _, c := range a.chunks {
 		_ = unix.Munmap(c.data)
 	}
-	a.chunks, a.free, a.cold, a.inUse = nil, nil, nil, 0
+	a.chunks, a.free, a.cold, a.inUse, a.due = nil, nil, nil, 0, false
 }
 
 func (a *arena) locate(i int) (*chunk, int) {

@@ -2,6 +2,9 @@ package backend
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -24,6 +27,18 @@ func residentPages(t *testing.T, a *arena) int {
 		}
 	}
 	return n
+}
+
+// free releases blob i of a and, if that makes a trim due, runs it as the owner's trimmer would.
+func free(t *testing.T, a *arena, i int) {
+	t.Helper()
+	if !a.release(i) {
+		t.Fatalf("release of a held blob %d failed", i)
+	}
+	if a.takeTrim() {
+		a.rel.flush()
+		a.endTrim()
+	}
 }
 
 // blob is blob number i of n bytes, none of them zero, different for every i.
@@ -56,9 +71,7 @@ func TestArenaTrimGivesFreedPagesBack(t *testing.T) {
 		// Free all but every 64th blob, in an order that is not the order of the indices.
 		for k := range n {
 			if i := (k * 40503) % n; i%64 != 0 {
-				if !a.release(idx[i]) {
-					t.Fatalf("size %d: release of a held blob %d failed", size, idx[i])
-				}
+				free(t, &a, idx[i])
 			}
 		}
 		kept := n / 64
@@ -113,7 +126,7 @@ func TestArenaTrimKeepsSharedPages(t *testing.T) {
 	// Keep every 16th blob: each kept one shares its page with free ones.
 	for i := range idx {
 		if i%16 != 0 {
-			a.release(idx[i])
+			free(t, &a, idx[i])
 		}
 	}
 	if len(a.cold) == 0 {
@@ -137,7 +150,7 @@ func TestArenaNoTrimInSteadyState(t *testing.T) {
 	}
 	for round := range 50 {
 		for k := range 256 {
-			a.release(idx[(round*256+k)%len(idx)])
+			free(t, &a, idx[(round*256+k)%len(idx)])
 		}
 		for k := range 256 {
 			i := (round*256 + k) % len(idx)
@@ -148,4 +161,98 @@ func TestArenaNoTrimInSteadyState(t *testing.T) {
 		t.Errorf("steady rewrites trimmed %d blobs and grew the arena to %d", len(a.cold), a.next-1)
 	}
 	a.close()
+}
+
+// The trimmer gives pages back while the store goes on storing, loading and freeing, as the
+// evictor and the fault threads do: no page a trim gives back may hold a blob stored meanwhile.
+// Every round fills, frees most of it at random (a trim becomes due, and runs on the trimmer's
+// goroutine) and at once stores again into the freed slots, while other goroutines load; every
+// live page is checked each round.
+func TestTrimWhileStoring(t *testing.T) {
+	stores := map[string]Backend{"memory": NewMemory(), "none": NewCompressed(nil)}
+	if c, err := CodecByName("lz4"); err == nil {
+		stores["lz4"] = NewCompressed(c)
+	}
+	for name, s := range stores {
+		t.Run(name, func(t *testing.T) {
+			defer s.Close()
+			r := rand.New(rand.NewPCG(7, 8))
+			page := func(id uint64) []byte {
+				p := make([]byte, PageSize)
+				for k := 0; k < PageSize; k += 8 {
+					binary.LittleEndian.PutUint64(p[k:], id*0x9e3779b97f4a7c15+uint64(k/8%3)) // compresses, and differs by id
+				}
+				return p
+			}
+			live := map[Slot]uint64{}
+			var mu sync.Mutex // guards live for the loaders
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					dst := make([]byte, PageSize)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						mu.Lock()
+						for sl, id := range live {
+							if err := s.Load(sl, dst); err != nil || !bytes.Equal(dst, page(id)) {
+								mu.Unlock()
+								t.Errorf("slot %#x (page %d) came back different or failed (%v) while trims ran", sl, id, err)
+								return
+							}
+							break // one a turn: the map's order is random
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			next := uint64(1)
+			store := func(n int) {
+				buf := make([]byte, 0, n*PageSize)
+				ids := make([]uint64, n)
+				for i := range ids {
+					ids[i] = next
+					buf = append(buf, page(next)...)
+					next++
+				}
+				slots := make([]Slot, n)
+				if err := s.Store(buf, slots); err != nil {
+					t.Fatal(err)
+				}
+				mu.Lock()
+				for i, sl := range slots {
+					live[sl] = ids[i]
+				}
+				mu.Unlock()
+			}
+			for range 8 {
+				store(4096)
+				mu.Lock()
+				for sl := range live {
+					if r.IntN(8) != 0 {
+						delete(live, sl)
+						s.Free(sl)
+					}
+				}
+				mu.Unlock()
+				store(2048)
+				mu.Lock()
+				dst := make([]byte, PageSize)
+				for sl, id := range live {
+					if err := s.Load(sl, dst); err != nil || !bytes.Equal(dst, page(id)) {
+						t.Fatalf("slot %#x (page %d) came back different or failed (%v) after a trim", sl, id, err)
+					}
+				}
+				mu.Unlock()
+			}
+			close(stop)
+			wg.Wait()
+		})
+	}
 }

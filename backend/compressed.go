@@ -39,6 +39,7 @@ type Compressed struct {
 	mu      sync.RWMutex
 	classes [numClasses]arena // protected by mu (read-locked by Load, which only reads)
 	closed  bool              // protected by mu
+	trim    *trimmer
 }
 
 // NewCompressed returns an empty store compressing with c (nil: store pages uncompressed). The
@@ -48,7 +49,38 @@ func NewCompressed(c Codec) *Compressed {
 	for i := range s.classes {
 		s.classes[i] = newArena((i+1)*classSize, classChunkBytes)
 	}
+	s.trim = startTrimmer(s.trimRound)
 	return s
+}
+
+// trimRound gives back the pages of the freed blobs of every class where a trim is due: the
+// store's lock is not held while the kernel takes them.
+func (c *Compressed) trimRound() {
+	var took [numClasses]bool
+	some := false
+	c.mu.Lock()
+	if !c.closed {
+		for i := range c.classes {
+			took[i] = c.classes[i].takeTrim()
+			some = some || took[i]
+		}
+	}
+	c.mu.Unlock()
+	if !some {
+		return
+	}
+	for i := range c.classes {
+		if took[i] {
+			c.classes[i].rel.flush()
+		}
+	}
+	c.mu.Lock()
+	for i := range c.classes {
+		if took[i] {
+			c.classes[i].endTrim()
+		}
+	}
+	c.mu.Unlock()
 }
 
 // Store implements Backend.
@@ -138,10 +170,16 @@ func (c *Compressed) Free(slots ...Slot) {
 		// shutdown-order bug in the runtime, not a double free.
 		panic(fmt.Sprintf("backend: free of slot %d after Close", slots[0]))
 	}
+	due := false
 	for _, s := range slots {
-		if !c.classes[s&classMask].release(int(s >> classBits)) {
+		a := &c.classes[s&classMask]
+		if !a.release(int(s >> classBits)) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))
 		}
+		due = due || a.due
+	}
+	if due {
+		c.trim.wake()
 	}
 }
 
@@ -171,6 +209,7 @@ func (c *Compressed) StoredBytes() int64 {
 // Close implements Backend. It waits for a Store in progress (zmu) and for Loads in progress
 // (mu) before closing the codec, so the codec is never used after its Close.
 func (c *Compressed) Close() error {
+	c.trim.close() // first: it takes mu, and gives back pages of the chunks
 	c.zmu.Lock()
 	defer c.zmu.Unlock()
 	c.mu.Lock()

@@ -22,10 +22,30 @@ type Memory struct {
 	mu     sync.Mutex
 	pages  arena // protected by mu; blob i is slot i
 	closed bool  // protected by mu
+	trim   *trimmer
 }
 
 // NewMemory returns an empty embedded store.
-func NewMemory() *Memory { return &Memory{pages: newArena(PageSize, chunkPages*PageSize)} }
+func NewMemory() *Memory {
+	m := &Memory{pages: newArena(PageSize, chunkPages*PageSize)}
+	m.trim = startTrimmer(m.trimRound)
+	return m
+}
+
+// trimRound gives back the pages of the freed slots, if a trim is due: the store's lock is
+// not held while the kernel takes them.
+func (m *Memory) trimRound() {
+	m.mu.Lock()
+	if m.closed || !m.pages.takeTrim() {
+		m.mu.Unlock()
+		return
+	}
+	m.mu.Unlock()
+	m.pages.rel.flush()
+	m.mu.Lock()
+	m.pages.endTrim()
+	m.mu.Unlock()
+}
 
 // Store implements Backend.
 func (m *Memory) Store(src []byte, slots []Slot) error {
@@ -78,6 +98,9 @@ func (m *Memory) Free(slots ...Slot) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))
 		}
 	}
+	if m.pages.due {
+		m.trim.wake()
+	}
 }
 
 // Stored implements Backend.
@@ -92,6 +115,7 @@ func (m *Memory) StoredBytes() int64 {
 
 // Close implements Backend.
 func (m *Memory) Close() error {
+	m.trim.close() // first: it takes mu, and gives back pages of the chunks
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true
