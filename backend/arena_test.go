@@ -56,7 +56,7 @@ func blob(i, n int) []byte {
 func TestArenaTrimGivesFreedPagesBack(t *testing.T) {
 	for _, size := range []int{PageSize, 768, 256} {
 		a := newArena(size, 4<<20)
-		const n = 32768
+		const n = 16384
 		idx := make([]int, n)
 		for i := range idx {
 			var err error
@@ -173,26 +173,28 @@ func TestTrimWhileStoring(t *testing.T) {
 	if c, err := CodecByName("lz4"); err == nil {
 		stores["lz4"] = NewCompressed(c)
 	}
+	// page writes page id into p: a compressible page that differs by id.
+	base := bytes.Repeat([]byte("farmem trim test "), PageSize/16+1)[:PageSize]
+	page := func(p []byte, id uint64) []byte {
+		copy(p, base)
+		for _, off := range []int{0, 1000, 2048, PageSize - 8} {
+			binary.LittleEndian.PutUint64(p[off:], id)
+		}
+		return p
+	}
 	for name, s := range stores {
 		t.Run(name, func(t *testing.T) {
 			defer s.Close()
 			r := rand.New(rand.NewPCG(7, 8))
-			page := func(id uint64) []byte {
-				p := make([]byte, PageSize)
-				for k := 0; k < PageSize; k += 8 {
-					binary.LittleEndian.PutUint64(p[k:], id*0x9e3779b97f4a7c15+uint64(k/8%3)) // compresses, and differs by id
-				}
-				return p
-			}
+			var mu sync.Mutex // guards live and the order of Frees against the loaders' Loads
 			live := map[Slot]uint64{}
-			var mu sync.Mutex // guards live for the loaders
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			for range 2 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					dst := make([]byte, PageSize)
+					dst, want := make([]byte, PageSize), make([]byte, PageSize)
 					for {
 						select {
 						case <-stop:
@@ -200,39 +202,36 @@ func TestTrimWhileStoring(t *testing.T) {
 						default:
 						}
 						mu.Lock()
-						for sl, id := range live {
-							if err := s.Load(sl, dst); err != nil || !bytes.Equal(dst, page(id)) {
-								mu.Unlock()
+						for sl, id := range live { // one a turn: the map's order is random
+							if err := s.Load(sl, dst); err != nil || !bytes.Equal(dst, page(want, id)) {
 								t.Errorf("slot %#x (page %d) came back different or failed (%v) while trims ran", sl, id, err)
-								return
 							}
-							break // one a turn: the map's order is random
+							break
 						}
 						mu.Unlock()
 					}
 				}()
 			}
 			next := uint64(1)
+			buf := make([]byte, 2048*PageSize)
+			slots := make([]Slot, 2048)
 			store := func(n int) {
-				buf := make([]byte, 0, n*PageSize)
-				ids := make([]uint64, n)
-				for i := range ids {
-					ids[i] = next
-					buf = append(buf, page(next)...)
-					next++
+				for i := range n {
+					page(buf[i*PageSize:(i+1)*PageSize], next+uint64(i))
 				}
-				slots := make([]Slot, n)
-				if err := s.Store(buf, slots); err != nil {
+				if err := s.Store(buf[:n*PageSize], slots[:n]); err != nil {
 					t.Fatal(err)
 				}
 				mu.Lock()
-				for i, sl := range slots {
-					live[sl] = ids[i]
+				for i, sl := range slots[:n] {
+					live[sl] = next + uint64(i)
 				}
 				mu.Unlock()
+				next += uint64(n)
 			}
-			for range 8 {
-				store(4096)
+			dst, want := make([]byte, PageSize), make([]byte, PageSize)
+			for range 6 {
+				store(2048)
 				mu.Lock()
 				for sl := range live {
 					if r.IntN(8) != 0 {
@@ -241,11 +240,10 @@ func TestTrimWhileStoring(t *testing.T) {
 					}
 				}
 				mu.Unlock()
-				store(2048)
+				store(1024)
 				mu.Lock()
-				dst := make([]byte, PageSize)
 				for sl, id := range live {
-					if err := s.Load(sl, dst); err != nil || !bytes.Equal(dst, page(id)) {
+					if err := s.Load(sl, dst); err != nil || !bytes.Equal(dst, page(want, id)) {
 						t.Fatalf("slot %#x (page %d) came back different or failed (%v) after a trim", sl, id, err)
 					}
 				}
