@@ -28,7 +28,8 @@ var _ = [1]struct{}{}[numClasses-1<<classBits]
 //
 // Store (one goroutine, the evictor) compresses under zmu and takes mu only to copy the result
 // in, so concurrent Loads (fault threads) and Frees wait behind a memcpy, never a compression.
-// Loads share mu, and decompress in parallel when the codec allows it.
+// Loads share mu, and decompress in parallel when the codec allows it. The trimmer takes mu
+// alone, and gives pages back without it.
 type Compressed struct {
 	// zmu serializes Stores, so the codec's compression state and scratch need no other lock.
 	// Lock order: zmu before mu.
@@ -39,7 +40,7 @@ type Compressed struct {
 	mu      sync.RWMutex
 	classes [numClasses]arena // protected by mu (read-locked by Load, which only reads)
 	closed  bool              // protected by mu
-	trim    *trimmer
+	trim    *trimmer          // set at construction; gives back freed blobs' pages
 }
 
 // NewCompressed returns an empty store compressing with c (nil: store pages uncompressed). The

@@ -22,7 +22,7 @@ type Memory struct {
 	mu     sync.Mutex
 	pages  arena // protected by mu; blob i is slot i
 	closed bool  // protected by mu
-	trim   *trimmer
+	trim   *trimmer // set at construction; gives back freed slots' pages
 }
 
 // NewMemory returns an empty embedded store.
