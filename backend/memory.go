@@ -20,8 +20,8 @@ var errClosed = errors.New("backend: store is closed")
 // machine's total memory use (that is what memory servers are for, or Compressed shrinks it).
 type Memory struct {
 	mu     sync.Mutex
-	pages  arena // protected by mu; blob i is slot i
-	closed bool  // protected by mu
+	pages  arena    // protected by mu; blob i is slot i
+	closed bool     // protected by mu
 	trim   *trimmer // set at construction; gives back freed slots' pages
 }
 
