@@ -50,7 +50,7 @@ func NewCompressed(c Codec) *Compressed {
 	for i := range s.classes {
 		s.classes[i] = newArena((i+1)*classSize, classChunkBytes)
 	}
-	s.trim = startTrimmer(s.trimRound)
+	s.trim = newTrimmer(s.trimRound)
 	return s
 }
 

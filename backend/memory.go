@@ -28,7 +28,7 @@ type Memory struct {
 // NewMemory returns an empty embedded store.
 func NewMemory() *Memory {
 	m := &Memory{pages: newArena(PageSize, chunkPages*PageSize)}
-	m.trim = startTrimmer(m.trimRound)
+	m.trim = newTrimmer(m.trimRound)
 	return m
 }
 

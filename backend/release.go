@@ -12,19 +12,19 @@ import (
 // own, so that neither the fault thread nor the evictor, whose Frees make a trim due, makes
 // its system calls, and so that the store's lock, which faults wait on, is not held across
 // them: trim takes the due arenas' pages under the lock, gives them back without it, and ends
-// the trims under it again.
+// the trims under it again. The goroutine starts at the first wake: a store that never trims
+// (a replay's, most tests') has none, and needs no Close to be collected.
 type trimmer struct {
-	trim func() // one round: take, give back, end; the store's own
-	kick chan struct{}
-	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	trim  func() // one round: take, give back, end; the store's own
+	kick  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	start sync.Once // runs the goroutine at the first wake, or marks it done at a close before
+	halt  sync.Once
 }
 
-func startTrimmer(trim func()) *trimmer {
-	t := &trimmer{trim: trim, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	go t.loop()
-	return t
+func newTrimmer(trim func()) *trimmer {
+	return &trimmer{trim: trim, kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 func (t *trimmer) loop() {
@@ -39,8 +39,9 @@ func (t *trimmer) loop() {
 	}
 }
 
-// wake asks for a round; it never blocks, and allocates nothing.
+// wake asks for a round; it never blocks, and allocates nothing once the goroutine runs.
 func (t *trimmer) wake() {
+	t.start.Do(func() { go t.loop() })
 	select {
 	case t.kick <- struct{}{}:
 	default: // a round is asked for already
@@ -48,8 +49,10 @@ func (t *trimmer) wake() {
 }
 
 // close stops the trimmer, after the round in progress: the store may then unmap its chunks.
+// A wake after close starts nothing.
 func (t *trimmer) close() {
-	t.once.Do(func() { close(t.stop) })
+	t.start.Do(func() { close(t.done) })
+	t.halt.Do(func() { close(t.stop) })
 	<-t.done
 }
 
