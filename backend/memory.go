@@ -16,8 +16,8 @@ var errClosed = errors.New("backend: store is closed")
 // Memory is the embedded backend: pages kept in the farmem process itself, in one arena of
 // 4 KiB blobs whose index is the slot. Storing and loading are a memcpy and allocate nothing
 // once the chunks exist; the pages of freed slots go back to the kernel once they add up (see
-// arena). It makes `farmem run` work with no cluster; it does not reduce the
-// machine's total memory use (that is what memory servers are for, or Compressed shrinks it).
+// arena). It makes `farmem run` work with no cluster; it does not reduce the machine's total
+// memory use (that is what memory servers are for, or Compressed shrinks it).
 type Memory struct {
 	mu     sync.Mutex
 	pages  arena    // protected by mu; blob i is slot i
