@@ -56,8 +56,8 @@ const (
 	// amortized over that many frees.
 	trimShare = 16
 	// trimMin is the least a trim gives back, so a nearly empty store does not trim on every
-	// free.
-	trimMin = 2 << 20
+	// free. Small, as Compressed's sixteen classes may each keep this much resident.
+	trimMin = 1 << 20
 )
 
 // newArena returns an empty arena of size-byte blobs that grows chunkBytes at a time.
