@@ -1,50 +1,100 @@
 package backend
 
+import (
+	"fmt"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
 // arena keeps fixed-size blobs in large chunks, indexed from 1 so that index 0 never names a
-// blob (slots are never 0), with a free list of released indices that are reused first.
+// blob (slots are never 0), with free lists of released indices that are reused first.
 // Storing and loading copy into and out of a chunk and allocate nothing once the chunks
 // exist. Memory is one arena of whole pages; Compressed has one per size class.
 //
-// An arena has no lock of its own: its owner's lock protects every field.
+// The chunks are mapped with mmap, outside the Go heap: a store of a few GiB on the heap would
+// set the collector's goal at twice that, so every byte of garbage the rest of farmem makes
+// could stay resident up to the store's size again. Outside the heap, the pages of freed blobs
+// can also be given back to the kernel, which the store's trimmer does once they add up to more
+// than a trimShare-th of what it holds (see trimmer), so that farmem's memory follows what its
+// store holds rather than the most it ever held.
+//
+// An arena has no lock of its own: its owner's lock protects every field, except rel between
+// takeTrim and endTrim, which belongs to the owner's trimmer alone.
 type arena struct {
 	size     int     // bytes per blob; at most PageSize, so a length fits a uint16
 	perChunk int     // blobs per chunk
 	chunks   []chunk // chunk i holds indices [i*perChunk+1, (i+1)*perChunk]; nil once closed
-	free     []int   // released indices, reused first so the chunks stay dense
-	next     int     // next never-used index
-	inUse    int     // blobs currently holding data
+	// free holds released indices whose memory may still be resident: reused first, last in
+	// first out, so a page freed and stored again in the next eviction batch costs no fault.
+	free []int
+	// cold holds released indices whose pages a trim gave back (or tried to: a page that also
+	// holds a live blob stays), reused once free is empty.
+	cold  []int
+	next  int // next never-used index
+	inUse int // blobs currently holding data
+	// due: free has grown past the trim threshold, and the owner's trimmer should take it.
+	due bool
+	// trimming: rel's pages are being given back outside the lock. Until endTrim, put must
+	// not reuse a cold blob: it may lie on one of those pages, whose data the kernel would
+	// then discard.
+	trimming bool
+	rel      releaser
 }
 
-// chunk is one allocation of perChunk blobs. The lengths live beside the data, allocated with
-// it, so a new blob never grows a slice of its own.
+// chunk is one mapping of perChunk blobs. The lengths live beside the data, allocated with it,
+// so a new blob never grows a slice of its own.
 type chunk struct {
-	data []byte   // perChunk blobs of size bytes each
+	data []byte   // perChunk blobs of size bytes each, mapped anonymous and private
 	lens []uint16 // stored length of each blob; 0 marks a free index, so it doubles as the guard against loading one
 }
+
+const (
+	// trimShare: free blobs are given back once the pages they may keep resident (one each)
+	// come to more than 1/trimShare of the bytes in use, so farmem holds little beyond what
+	// its store holds, and each trim gives back at least that much: its system calls are
+	// amortized over that many frees.
+	trimShare = 16
+	// trimMin is the least a trim gives back, so a nearly empty store does not trim on every
+	// free. Small, as Compressed's sixteen classes may each keep this much resident.
+	trimMin = 1 << 20
+)
 
 // newArena returns an empty arena of size-byte blobs that grows chunkBytes at a time.
 func newArena(size, chunkBytes int) arena {
 	return arena{size: size, perChunk: max(chunkBytes/size, 1), next: 1}
 }
 
-// put copies b (1 to size bytes) into a free blob and returns its index.
-func (a *arena) put(b []byte) int {
+// put copies b (1 to size bytes) into a free blob and returns its index. It fails only if a
+// new chunk cannot be mapped.
+func (a *arena) put(b []byte) (int, error) {
 	var i int
 	if k := len(a.free); k > 0 {
 		i = a.free[k-1]
 		a.free = a.free[:k-1]
+	} else if k := len(a.cold); k > 0 && !a.trimming {
+		i = a.cold[k-1]
+		a.cold = a.cold[:k-1]
 	} else {
+		if (a.next-1)/a.perChunk >= len(a.chunks) {
+			// MAP_NORESERVE: a chunk's pages are only promised once written, as the Go
+			// heap's would be, so an arena that never fills its last chunk is not charged
+			// for it under strict overcommit.
+			data, err := unix.Mmap(-1, 0, a.perChunk*a.size, unix.PROT_READ|unix.PROT_WRITE,
+				unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+			if err != nil {
+				return 0, fmt.Errorf("backend: cannot map %d more bytes for the store: %w", a.perChunk*a.size, err)
+			}
+			a.chunks = append(a.chunks, chunk{data: data, lens: make([]uint16, a.perChunk)})
+		}
 		i = a.next
 		a.next++
-		if (i-1)/a.perChunk >= len(a.chunks) {
-			a.chunks = append(a.chunks, chunk{data: make([]byte, a.perChunk*a.size), lens: make([]uint16, a.perChunk)})
-		}
 	}
 	c, j := a.locate(i)
 	copy(c.data[j*a.size:(j+1)*a.size], b)
 	c.lens[j] = uint16(len(b))
 	a.inUse++
-	return i
+	return i, nil
 }
 
 // get returns the stored bytes of blob i, or nil if i holds nothing (never stored, freed, out
@@ -62,7 +112,7 @@ func (a *arena) get(i int) []byte {
 }
 
 // release frees blob i for reuse; it reports false if i held nothing, which callers treat as a
-// double free.
+// double free. Once enough is free it sets due: the owner then wakes its trimmer.
 func (a *arena) release(i int) bool {
 	if a.get(i) == nil {
 		return false
@@ -71,13 +121,86 @@ func (a *arena) release(i int) bool {
 	c.lens[j] = 0
 	a.free = append(a.free, i)
 	a.inUse--
+	// Counted in pages, not blobs' bytes: a free blob of a small class can keep a whole page
+	// resident when its neighbours were freed and trimmed before it.
+	if len(a.free)*PageSize > max(trimMin, a.inUse*a.size/trimShare) {
+		a.due = true
+	}
 	return true
 }
 
-// close drops the chunks; every index then reads as holding nothing. next is kept so that a
-// stale index is never mistaken for a live one.
+// takeTrim starts a trim if one is due and none is running: it queues on rel every page of
+// the chunks that holds only free blobs among the blobs of free, moves those blobs to cold,
+// and sets trimming. It reports whether it queued any page; the trimmer then calls rel.flush
+// without the owner's lock, and endTrim with it. Sorting first makes neighbouring blobs one
+// range. A page shared with a live blob (a size class's blob across a page boundary) stays.
+func (a *arena) takeTrim() bool {
+	if !a.due || a.trimming {
+		return false
+	}
+	a.due = false
+	slices.Sort(a.free)
+	run := pageRun{chunk: -1}
+	for _, i := range a.free {
+		ci, j := (i-1)/a.perChunk, (i-1)%a.perChunk
+		for p := j * a.size / PageSize; p <= ((j+1)*a.size-1)/PageSize; p++ {
+			if ci == run.chunk && p < run.end || !a.pageFree(ci, p) {
+				continue // already in the run, or a live blob shares the page
+			}
+			if ci != run.chunk || p != run.end {
+				a.queue(run)
+				run = pageRun{chunk: ci, start: p, end: p}
+			}
+			run.end++
+		}
+	}
+	a.queue(run)
+	a.cold = append(a.cold, a.free...)
+	a.free = a.free[:0]
+	a.trimming = len(a.rel.iov) > 0
+	return a.trimming
+}
+
+// endTrim ends the trim takeTrim started, once rel's pages are given back.
+func (a *arena) endTrim() { a.trimming = false }
+
+// pageFree reports whether every blob on page p of chunk ci is free. A blob never used counts
+// as live: put takes it from next even while a trim runs, so its page must not be in one.
+func (a *arena) pageFree(ci, p int) bool {
+	c := &a.chunks[ci]
+	last := min(((p+1)*PageSize-1)/a.size, a.perChunk-1)
+	if ci*a.perChunk+last+1 >= a.next {
+		return false
+	}
+	for j := p * PageSize / a.size; j <= last; j++ {
+		if c.lens[j] != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// pageRun is pages [start, end) of chunk chunk, to be given back as one range.
+type pageRun struct{ chunk, start, end int }
+
+// queue adds run to rel.
+func (a *arena) queue(r pageRun) {
+	if r.chunk < 0 || r.start == r.end {
+		return
+	}
+	data := a.chunks[r.chunk].data
+	// The slice ends at the last blob, which may end inside a page; the kernel rounds the
+	// length up to the page, which is free too (pageFree checked every blob on it).
+	a.rel.add(data[r.start*PageSize : min(r.end*PageSize, len(data))])
+}
+
+// close unmaps the chunks; every index then reads as holding nothing. next is kept so that a
+// stale index is never mistaken for a live one. The owner's trimmer must have stopped.
 func (a *arena) close() {
-	a.chunks, a.free, a.inUse = nil, nil, 0
+	for _, c := range a.chunks {
+		_ = unix.Munmap(c.data)
+	}
+	a.chunks, a.free, a.cold, a.inUse, a.due = nil, nil, nil, 0, false
 }
 
 func (a *arena) locate(i int) (*chunk, int) {

@@ -28,7 +28,8 @@ var _ = [1]struct{}{}[numClasses-1<<classBits]
 //
 // Store (one goroutine, the evictor) compresses under zmu and takes mu only to copy the result
 // in, so concurrent Loads (fault threads) and Frees wait behind a memcpy, never a compression.
-// Loads share mu, and decompress in parallel when the codec allows it.
+// Loads share mu, and decompress in parallel when the codec allows it. The trimmer takes mu
+// alone, and gives pages back without it.
 type Compressed struct {
 	// zmu serializes Stores, so the codec's compression state and scratch need no other lock.
 	// Lock order: zmu before mu.
@@ -39,6 +40,7 @@ type Compressed struct {
 	mu      sync.RWMutex
 	classes [numClasses]arena // protected by mu (read-locked by Load, which only reads)
 	closed  bool              // protected by mu
+	trim    *trimmer          // set at construction; gives back freed blobs' pages
 }
 
 // NewCompressed returns an empty store compressing with c (nil: store pages uncompressed). The
@@ -48,7 +50,38 @@ func NewCompressed(c Codec) *Compressed {
 	for i := range s.classes {
 		s.classes[i] = newArena((i+1)*classSize, classChunkBytes)
 	}
+	s.trim = newTrimmer(s.trimRound)
 	return s
+}
+
+// trimRound gives back the pages of the freed blobs of every class where a trim is due: the
+// store's lock is not held while the kernel takes them.
+func (c *Compressed) trimRound() {
+	var took [numClasses]bool
+	some := false
+	c.mu.Lock()
+	if !c.closed {
+		for i := range c.classes {
+			took[i] = c.classes[i].takeTrim()
+			some = some || took[i]
+		}
+	}
+	c.mu.Unlock()
+	if !some {
+		return
+	}
+	for i := range c.classes {
+		if took[i] {
+			c.classes[i].rel.flush()
+		}
+	}
+	c.mu.Lock()
+	for i := range c.classes {
+		if took[i] {
+			c.classes[i].endTrim()
+		}
+	}
+	c.mu.Unlock()
 }
 
 // Store implements Backend.
@@ -70,6 +103,7 @@ func (c *Compressed) Store(src []byte, slots []Slot) error {
 		}
 		s, err := c.put(blob)
 		if err != nil {
+			c.unput(slots[:i]) // a failed Store keeps nothing: the caller frees no slot of it
 			return err
 		}
 		slots[i] = s
@@ -86,7 +120,23 @@ func (c *Compressed) put(blob []byte) (Slot, error) {
 		return 0, errClosed
 	}
 	class := (len(blob) - 1) / classSize
-	return Slot(c.classes[class].put(blob))<<classBits | Slot(class), nil
+	i, err := c.classes[class].put(blob)
+	if err != nil {
+		return 0, err
+	}
+	return Slot(i)<<classBits | Slot(class), nil
+}
+
+// unput releases the slots a failed Store had filled; after Close they are gone already.
+func (c *Compressed) unput(slots []Slot) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	for _, s := range slots {
+		c.classes[s&classMask].release(int(s >> classBits))
+	}
 }
 
 // Load implements Backend.
@@ -121,10 +171,16 @@ func (c *Compressed) Free(slots ...Slot) {
 		// shutdown-order bug in the runtime, not a double free.
 		panic(fmt.Sprintf("backend: free of slot %d after Close", slots[0]))
 	}
+	due := false
 	for _, s := range slots {
-		if !c.classes[s&classMask].release(int(s >> classBits)) {
+		a := &c.classes[s&classMask]
+		if !a.release(int(s >> classBits)) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))
 		}
+		due = due || a.due
+	}
+	if due {
+		c.trim.wake()
 	}
 }
 
@@ -154,6 +210,7 @@ func (c *Compressed) StoredBytes() int64 {
 // Close implements Backend. It waits for a Store in progress (zmu) and for Loads in progress
 // (mu) before closing the codec, so the codec is never used after its Close.
 func (c *Compressed) Close() error {
+	c.trim.close() // first: it takes mu, and gives back pages of the chunks
 	c.zmu.Lock()
 	defer c.zmu.Unlock()
 	c.mu.Lock()

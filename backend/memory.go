@@ -15,16 +15,37 @@ var errClosed = errors.New("backend: store is closed")
 
 // Memory is the embedded backend: pages kept in the farmem process itself, in one arena of
 // 4 KiB blobs whose index is the slot. Storing and loading are a memcpy and allocate nothing
-// once the chunks exist. It makes `farmem run` work with no cluster; it does not reduce the
-// machine's total memory use (that is what memory servers are for, or Compressed shrinks it).
+// once the chunks exist; the pages of freed slots go back to the kernel once they add up (see
+// arena). It makes `farmem run` work with no cluster; it does not reduce the machine's total
+// memory use (that is what memory servers are for, or Compressed shrinks it).
 type Memory struct {
 	mu     sync.Mutex
-	pages  arena // protected by mu; blob i is slot i
-	closed bool  // protected by mu
+	pages  arena    // protected by mu; blob i is slot i
+	closed bool     // protected by mu
+	trim   *trimmer // set at construction; gives back freed slots' pages
 }
 
 // NewMemory returns an empty embedded store.
-func NewMemory() *Memory { return &Memory{pages: newArena(PageSize, chunkPages*PageSize)} }
+func NewMemory() *Memory {
+	m := &Memory{pages: newArena(PageSize, chunkPages*PageSize)}
+	m.trim = newTrimmer(m.trimRound)
+	return m
+}
+
+// trimRound gives back the pages of the freed slots, if a trim is due: the store's lock is
+// not held while the kernel takes them.
+func (m *Memory) trimRound() {
+	m.mu.Lock()
+	if m.closed || !m.pages.takeTrim() {
+		m.mu.Unlock()
+		return
+	}
+	m.mu.Unlock()
+	m.pages.rel.flush()
+	m.mu.Lock()
+	m.pages.endTrim()
+	m.mu.Unlock()
+}
 
 // Store implements Backend.
 func (m *Memory) Store(src []byte, slots []Slot) error {
@@ -38,7 +59,14 @@ func (m *Memory) Store(src []byte, slots []Slot) error {
 		return errClosed
 	}
 	for i := 0; i < n; i++ {
-		slots[i] = Slot(m.pages.put(src[i*PageSize : (i+1)*PageSize]))
+		j, err := m.pages.put(src[i*PageSize : (i+1)*PageSize])
+		if err != nil {
+			for _, s := range slots[:i] { // a failed Store keeps nothing: the caller frees no slot of it
+				m.pages.release(int(s))
+			}
+			return err
+		}
+		slots[i] = Slot(j)
 	}
 	return nil
 }
@@ -70,6 +98,9 @@ func (m *Memory) Free(slots ...Slot) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))
 		}
 	}
+	if m.pages.due {
+		m.trim.wake()
+	}
 }
 
 // Stored implements Backend.
@@ -84,6 +115,7 @@ func (m *Memory) StoredBytes() int64 {
 
 // Close implements Backend.
 func (m *Memory) Close() error {
+	m.trim.close() // first: it takes mu, and gives back pages of the chunks
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true

@@ -8,6 +8,7 @@ import (
 
 func TestMemoryStoreLoadFreeReuse(t *testing.T) {
 	m := NewMemory()
+	defer m.Close()
 	src := make([]byte, 3*PageSize)
 	for i := range src {
 		src[i] = byte(i / PageSize * 7)
@@ -39,5 +40,25 @@ func TestMemoryStoreLoadFreeReuse(t *testing.T) {
 	}
 	if err := m.Store(src[:100], again); err == nil {
 		t.Fatal("a partial page was accepted")
+	}
+}
+
+// Store and Load run on every eviction and fault: once the chunk exists they must not allocate.
+func TestMemoryNoAllocs(t *testing.T) {
+	m := NewMemory()
+	defer m.Close()
+	page, dst, slot := bytes.Repeat([]byte{7}, PageSize), make([]byte, PageSize), make([]Slot, 1)
+	cycle := func() {
+		if err := m.Store(page, slot); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Load(slot[0], dst); err != nil {
+			t.Fatal(err)
+		}
+		m.Free(slot[0])
+	}
+	cycle() // the first chunk, the free list's first growth
+	if n := testing.AllocsPerRun(100, cycle); n != 0 {
+		t.Errorf("%d allocations per Store+Load+Free", int(n))
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/latency"
+	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/runtime"
 )
 
@@ -58,6 +59,9 @@ type Summary struct {
 	// (fewer bytes than pages when it compresses).
 	BackendPeakPages int64 `json:"backend_peak_pages"`
 	BackendPeakBytes int64 `json:"backend_peak_bytes"`
+	// FarmemPeakRSSBytes: the most of farmem's own memory the kernel ever counted resident
+	// (VmHWM): its store, heap, code and stacks; 0 if it could not be read.
+	FarmemPeakRSSBytes int64 `json:"farmem_peak_rss_bytes"`
 	// BytesIn: page bytes read back (faults and prefetches); BytesOut: page bytes evictions wrote.
 	BytesIn  int64 `json:"bytes_in"`
 	BytesOut int64 `json:"bytes_out"`
@@ -172,6 +176,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 	if b, ok := rt.CgroupPeak(); ok {
 		out.CgroupPeakBytes = &b
 	}
+	out.FarmemPeakRSSBytes, _ = procfs.StatusBytes(0, "VmHWM")
 	return out
 }
 

@@ -1,7 +1,8 @@
 // Package procfs reads what farmem needs of /proc: a process's resident anonymous pages
 // (statm), its mappings (maps), which of its pages are present (pagemap), whether any mapping
-// is registered with a userfaultfd (smaps), the CPU a thread last ran on and the process a
-// thread belongs to (stat, status), and the cgroup a controller puts farmem in (/proc/self/cgroup).
+// is registered with a userfaultfd (smaps), the CPU a thread last ran on, the process a
+// thread belongs to and a process's sizes (stat, status), and the cgroup a controller puts
+// farmem in (/proc/self/cgroup).
 //
 // It only reads and parses: no policy (which mappings farmem registers is package runtime's
 // call), no state beyond an open file, no goroutine. A process that has exited reads as an
@@ -205,6 +206,29 @@ func Tgid(tid int) (int, error) {
 		}
 	}
 	return 0, fmt.Errorf("no Tgid in the status of %d", tid)
+}
+
+// StatusBytes returns a size field of pid's status (VmRSS, VmHWM, RssAnon, ...), which the
+// kernel gives in kB, in bytes; pid 0 is this process.
+func StatusBytes(pid int, field string) (int64, error) {
+	path := "/proc/self/status"
+	if pid != 0 {
+		path = "/proc/" + strconv.Itoa(pid) + "/status"
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("unparsable %s in %s: %q", field, path, v)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no %s in %s", field, path)
 }
 
 // OwnCgroup returns the path, within its hierarchy, of the cgroup v1 hierarchy holding

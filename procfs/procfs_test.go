@@ -102,3 +102,31 @@ func TestThreads(t *testing.T) {
 		t.Fatalf("HasUffdRegistrations of the test = %v, %v; want false", ok, err)
 	}
 }
+
+func TestStatusBytes(t *testing.T) {
+	before, err := StatusBytes(0, "VmRSS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := unix.Mmap(-1, 0, 32<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(b)
+	for i := 0; i < len(b); i += PageSize {
+		b[i] = 1
+	}
+	after, err := StatusBytes(os.Getpid(), "VmRSS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after-before < 30<<20 {
+		t.Errorf("VmRSS grew %d bytes after touching 32 MiB", after-before)
+	}
+	if hwm, err := StatusBytes(0, "VmHWM"); err != nil || hwm < after {
+		t.Errorf("VmHWM %d (%v), below VmRSS %d", hwm, err, after)
+	}
+	if _, err := StatusBytes(0, "NoSuchField"); err == nil {
+		t.Error("a field status does not have was read")
+	}
+}

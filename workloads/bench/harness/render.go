@@ -236,6 +236,12 @@ func readResults(path string) ([]result, map[string][]string, error) {
 		if i, ok := col["peak_source"]; ok && i < len(row) {
 			r.peakCgroup = row[i] == "cgroup"
 		}
+		// Runs before these columns have no figures: ownMemory leaves them out.
+		for k, v := range map[string]*int64{"store_peak_bytes": &r.storePeakB, "farmem_rss_bytes": &r.farmemRSSB} {
+			if i, ok := col[k]; ok && i < len(row) {
+				*v, _ = strconv.ParseInt(row[i], 10, 64)
+			}
+		}
 		if err := errors.Join(errs...); err != nil {
 			return nil, nil, fmt.Errorf("%s line %d: %w", path, n+2, err)
 		}

@@ -314,6 +314,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	}
 	p("\n")
 	h.targets(p, wls, rs, nat)
+	ownMemory(p, wls, cfgs, rs)
 	for _, w := range wls {
 		p("\n![%s](swap-%s.png)\n", w.title, w.name)
 	}
@@ -440,12 +441,13 @@ func writeCSV(path string, rs []result) error {
 		return err
 	}
 	w := csv.NewWriter(f)
-	w.Write(append(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed", "peak_source"}, latCSVHeader()...), floorCSVHeader()...))
+	w.Write(append(append([]string{"workload", "config", "cap_pct", "cap_mib", "cgroup_limit_bytes", "round", "wall_s", "throughput", "p50_us", "p99_us", "faults", "bytes_in", "bytes_out", "stopped", "farmem_fault_p50_us", "farmem_fault_p99_us", "peak_bytes", "oom_killed", "peak_source", "store_peak_bytes", "farmem_rss_bytes"}, latCSVHeader()...), floorCSVHeader()...))
 	for _, r := range rs {
 		w.Write(append([]string{r.wl, r.cfg.name(), strconv.Itoa(r.cfg.pct), strconv.Itoa(r.capMiB), strconv.FormatInt(r.limitB, 10), strconv.Itoa(r.round),
 			fmt.Sprintf("%.3f", r.wall), csvTput(r.tput), fmt.Sprintf("%.1f", r.p50), fmt.Sprintf("%.1f", r.p99),
 			strconv.FormatUint(r.faults, 10), strconv.FormatUint(r.inB, 10), strconv.FormatUint(r.outB, 10), strconv.FormatBool(r.timeout),
-			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom), peakSource(r)}, append(latCSV(r), floorCSV(r)...)...))
+			fmt.Sprintf("%.1f", r.fsP50), fmt.Sprintf("%.1f", r.fsP99), strconv.FormatInt(r.peakB, 10), strconv.FormatBool(r.oom), peakSource(r),
+			strconv.FormatInt(r.storePeakB, 10), strconv.FormatInt(r.farmemRSSB, 10)}, append(latCSV(r), floorCSV(r)...)...))
 	}
 	w.Flush()
 	if err := w.Error(); err != nil {

@@ -28,10 +28,12 @@ type farmemSummary struct {
 		Count   int64            `json:"count"`
 		StageNs map[string]int64 `json:"stage_ns"`
 	} `json:"batches"`
-	BytesIn         int64  `json:"bytes_in"`
-	BytesOut        int64  `json:"bytes_out"`
-	PeakAnonBytes   int64  `json:"peak_anon_bytes"`
-	CgroupPeakBytes *int64 `json:"cgroup_peak_bytes"`
+	BytesIn            int64  `json:"bytes_in"`
+	BytesOut           int64  `json:"bytes_out"`
+	PeakAnonBytes      int64  `json:"peak_anon_bytes"`
+	CgroupPeakBytes    *int64 `json:"cgroup_peak_bytes"`
+	BackendPeakBytes   int64  `json:"backend_peak_bytes"`
+	FarmemPeakRSSBytes int64  `json:"farmem_peak_rss_bytes"` // 0 from a farmem that does not report it
 }
 
 // readSummary reads farmem's --summary-json file.
@@ -46,8 +48,8 @@ func readSummary(path string) (farmemSummary, error) {
 
 // apply puts what a farmem run's summary says into its result: its backend faults and their
 // service p50/p99, the bytes moved (prefetches included), its peak (the memory cgroup's where
-// farmem had one, measured as swap's is, else its sampled anonymous RSS), and its eviction
-// stages.
+// farmem had one, measured as swap's is, else its sampled anonymous RSS), its store's peak and
+// its own peak RSS, and its eviction stages.
 func (s farmemSummary) apply(res *result) {
 	b := s.Faults["backend"]
 	res.faults = b.Count
@@ -57,6 +59,7 @@ func (s farmemSummary) apply(res *result) {
 	if s.CgroupPeakBytes != nil {
 		res.peakB, res.peakCgroup = *s.CgroupPeakBytes, true
 	}
+	res.storePeakB, res.farmemRSSB = s.BackendPeakBytes, s.FarmemPeakRSSBytes
 	res.stages = s.stages()
 	res.faultNs, res.heldNs = 0, 0
 	for _, f := range s.Faults {
