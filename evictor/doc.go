@@ -40,6 +40,7 @@
 //	Unmanaged  the runtime's RSS poll; read by Used
 //	Reserve    the runtime's RSS poll, from a BurstReserve; read by the watermarks
 //	Cached     the prefetch cache (fetcher.PrefetchCache.Held); read by Used
+//	starved    Loop, at the end of each round and batch; read by the fault path (Starved)
 //	Stats      the evictor goroutine; read by anyone (the run summary, metrics)
 //	b          the evictor goroutine alone: the batch's scratch, reused by every batch
 //

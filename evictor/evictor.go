@@ -91,6 +91,12 @@ type Evictor struct {
 	Cached atomic.Int64
 	// Stats counts what the evictor did. Written by the evictor goroutine; read by anyone.
 	Stats Stats
+	// starved is set when a round ends over the high watermark with nothing it could take
+	// (every process without an agent yet, every victim pinned, or the excess memory the page
+	// tables do not track), and cleared by the next batch that takes a page or a round that
+	// ends below the high watermark. Written by the evictor goroutine; read by the fault path
+	// (Starved).
+	starved atomic.Bool
 
 	b batch // the batch's scratch: the evictor goroutine's alone
 }
@@ -142,6 +148,7 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 		for e.Used() > e.HighWater() {
 			t := e.largest()
 			if t == nil {
+				e.starved.Store(true)
 				break
 			}
 			want := int(min(e.Used()-e.LowWater(), BatchPages))
@@ -156,14 +163,23 @@ func (e *Evictor) Loop(stop <-chan struct{}) {
 			if e.Stats.Evicted() == before {
 				// Nothing could go (every victim pinned, unmapped meanwhile, or the excess is
 				// Unmanaged with nothing tracked left): look again later rather than spin.
+				e.starved.Store(true)
 				break
 			}
+			e.starved.Store(false)
 		}
 		if e.Used() > e.HighWater() {
 			retry = retryAfter
+		} else {
+			e.starved.Store(false)
 		}
 	}
 }
+
+// Starved reports whether the evictor's last look found nothing it could take while over its
+// high watermark. A fault waiting for room then waits for nothing: the fault path lets it in
+// over the cap rather than hold the program for ever (runtime's MustWait).
+func (e *Evictor) Starved() bool { return e.starved.Load() }
 
 // Used is the pages counted against the cap.
 func (e *Evictor) Used() int64 {

@@ -55,6 +55,8 @@ type Summary struct {
 	// rescan found already written in mappings it registered once armed.
 	MappingsSeen int64 `json:"mappings_seen"`
 	UnseenPages  int64 `json:"unseen_pages"`
+	// OverCapFaults: faults let in over the cap because the evictor found nothing it could take.
+	OverCapFaults int64 `json:"over_cap_faults"`
 	// BackendPeakPages and BackendPeakBytes: the most the backend held, in pages and in bytes
 	// (fewer bytes than pages when it compresses).
 	BackendPeakPages int64 `json:"backend_peak_pages"`
@@ -148,7 +150,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		Evicted: Evicted{Written: e.Written.Load(), DroppedClean: e.Dropped.Load(), Zero: e.Zero.Load(), Absent: e.Absent.Load()},
 		Batches: Batches{Count: e.Batches.Load(), Runs: e.Runs.Load(), Staged: e.Staged.Load(), Removes: e.Removes.Load(),
 			Aborted: e.Aborted.Load(), StageNs: map[string]int64{}, Latency: histogram(&e.Batch)},
-		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(),
+		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(), OverCapFaults: s.OverCapFaults.Load(),
 		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
 		BytesIn: rt.BytesIn(), BytesOut: rt.BytesOut(), PeakAnonBytes: s.PeakAnonPages.Load() * runtime.PageSize,
 		Processes: s.Processes.Load(),
@@ -233,6 +235,10 @@ func summaryLines(s *Summary) []string {
 			why += ", and a page a fork child shares counts in each process"
 		}
 		line("its anonymous memory went %s over the cap: %s", size(over), why)
+	}
+	if s.OverCapFaults > 0 {
+		line("%s faults went in over the cap: the evictor found nothing it could take (the memory over the cap was in processes not yet set up for eviction, or not tracked)",
+			count(s.OverCapFaults))
 	}
 
 	// Pages in and out, one count each.

@@ -204,9 +204,17 @@ func (p *Process) Faulting(tid int32) {
 // MustWait implements fetcher.Host: a fault waits while the run is over its cap (or arming),
 // unless it is eviction's own (makesRoom), or the process has no agent yet (a fork child before
 // its hello): the evictor cannot take its pages, and holding its faults would hold the thread
-// that is starting its agent, for room that never comes.
+// that is starting its agent, for room that never comes. Nor does it wait while the evictor
+// finds nothing it can take (Starved: what is over the cap is in processes without an agent,
+// or memory the page tables do not track): the program goes over its cap, counted and said at
+// exit, rather than hang.
 func (p *Process) MustWait(tid int32) bool {
 	if !p.rt.overCap() || p.makesRoom(tid) || !p.CanEvict() {
+		return false
+	}
+	if ev := p.rt.evictor; ev.Starved() && !p.rt.arming.Load() {
+		p.rt.Stats.OverCapFaults.Add(1)
+		ev.Kick() // look again: a batch that takes a page ends the starving
 		return false
 	}
 	if !p.rt.arming.Load() {

@@ -69,6 +69,9 @@ type Stats struct {
 	// UnseenPages the pages the rescan found already present in mappings it registered once
 	// armed: what the program wrote where no fault could hold it back.
 	MappingsSeen, UnseenPages atomic.Int64
+	// OverCapFaults is the faults let in over the cap because the evictor had nothing left it
+	// could take (MustWait): held, they would have waited for ever.
+	OverCapFaults atomic.Int64
 	// Processes is how many processes the run served: the program, each image it exec'd and
 	// each fork child.
 	Processes atomic.Int64
