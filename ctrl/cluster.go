@@ -99,6 +99,10 @@ type slab struct {
 	downFrom    []string
 	lostServers []string
 	stuck       bool // a replacement found no room; logged once until it is placed
+	// avoid names (by instance id) the live servers whose copy the client reported bad since
+	// the slab was last whole: a replacement is not placed there again. Dead servers need no
+	// entry, they are never candidates.
+	avoid []string
 }
 
 type replica struct {
@@ -258,7 +262,7 @@ func (c *Cluster) candidates(sl *slab) []*server {
 	var out []*server
 	for _, id := range sortedKeys(c.servers) {
 		s := c.servers[id]
-		if s.dead || s.placed[sl.id] != nil || c.free(s) < uint64(sl.pages) {
+		if s.dead || s.placed[sl.id] != nil || c.free(s) < uint64(sl.pages) || slices.Contains(sl.avoid, s.id) {
 			continue
 		}
 		out = append(out, s)
@@ -462,13 +466,50 @@ func (c *Cluster) ReplicaReady(now time.Time, id fabric.SessionID, slabID uint64
 		if r.state != Ready {
 			sl.replicas[i].state = Ready
 			if sl.ready() >= sl.want {
-				sl.downFrom = nil
+				sl.downFrom, sl.avoid = nil, nil
 			}
 			c.changed()
 		}
 		return nil
 	}
 	return errorf(ErrConflict, "slab %d has no replica on server %s any more (the server died or the replica was re-placed): refetch the slab map", slabID, serverID)
+}
+
+// ReplicaBad drops the copy of a slab on a live server after the client failed to write it
+// there (its server stays up, so no death will drop it): that copy now misses pages. The slab
+// gets a replacement on another server as if the copy's server had died — placed now if there
+// is room — and the client fills it from a good copy. The server is told to free its copy in
+// its next heartbeat reply. Saying it twice is harmless: a copy already dropped (its server
+// died, or an earlier report) is not there to drop. The last ready copy is never dropped: with
+// nothing to rebuild from, the slab would be lost, and a copy that missed one write still
+// holds every other page (ErrConflict).
+func (c *Cluster) ReplicaBad(now time.Time, id fabric.SessionID, slabID uint64, serverID string) error {
+	sl, err := c.sessionSlab(now, id, slabID)
+	if err != nil {
+		return err
+	}
+	if sl.lost {
+		return nil
+	}
+	s := c.servers[serverID]
+	if s == nil || s.placed[sl.id] != sl {
+		return nil
+	}
+	for _, r := range sl.replicas {
+		if r.server == serverID && r.state == Ready && sl.ready() == 1 {
+			return errorf(ErrConflict, "the copy of slab %d on %s is its only ready one: it is kept, there is nothing to rebuild another from", slabID, s.addr)
+		}
+	}
+	c.dropReplica(sl, s)
+	if !slices.Contains(sl.avoid, s.id) {
+		sl.avoid = append(sl.avoid, s.id)
+	}
+	sl.sess.gen++
+	c.degraded[sl.id] = sl
+	c.changed()
+	c.eventf(now, "slab %d of session %s (%s): its copy on %s (%s) was reported bad (a write to it failed); placing a replacement", sl.id, sl.sess.id, sl.sess.name, s.addr, s.id)
+	c.rereplicate(now)
+	return nil
 }
 
 // FreeSlab releases a slab: its servers are told to free it in their next heartbeat reply.

@@ -67,13 +67,15 @@
 //	POST   /v1/sessions/{id}/slabs            {"replicas"} → Slab (503: not enough live servers with room)
 //	GET    /v1/sessions/{id}/slabs            → SlabMap
 //	POST   /v1/sessions/{id}/slabs/{slab}/ready  {"server"} → {}
+//	POST   /v1/sessions/{id}/slabs/{slab}/bad    {"server"} → {} (a write to that copy failed: re-place it; 409: the last ready copy)
 //	DELETE /v1/sessions/{id}/slabs/{slab}     → {}
 //	DELETE /v1/sessions/{id}                  → {}
 //	GET    /v1/status                         → Status
 //
 // A session's generation moves when its slab map changes behind the client's back (a replica
-// dropped, a replacement placed, a slab lost), not for the client's own allocations, frees or
-// ReplicaReady calls: the client refetches the map only when its heartbeat shows a new one.
+// dropped, a replacement placed, a slab lost) or after a replica-bad report (the replacement is
+// placed by the ctrl), not for the client's own allocations, frees or ReplicaReady calls: the
+// client refetches the map only when its heartbeat shows a new one.
 //
 // The ctrl is not on the fault path: clients cache their slab map and allocate ahead of need,
 // and memory servers check the ctrl's signed grants themselves.

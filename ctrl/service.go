@@ -445,6 +445,23 @@ func (s *Service) Handler() http.Handler {
 			return struct{}{}, c.ReplicaReady(now, id, slab, req.Server)
 		})
 	})
+	mux.HandleFunc("POST /v1/sessions/{id}/slabs/{slab}/bad", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		slab, ok2 := slabParam(w, r, ok)
+		var req struct {
+			Server string `json:"server"`
+		}
+		if !ok2 || !decode(w, r, &req) {
+			return
+		}
+		if req.Server == "" {
+			respond(w, nil, errorf(ErrBadRequest, "a replica-bad report needs the server's instance id: {\"server\": \"ID\"}"))
+			return
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) {
+			return struct{}{}, c.ReplicaBad(now, id, slab, req.Server)
+		})
+	})
 	mux.HandleFunc("DELETE /v1/sessions/{id}/slabs/{slab}", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := sessionParam(w, r)
 		slab, ok2 := slabParam(w, r, ok)

@@ -150,6 +150,22 @@ func TestCtrlHTTPFlow(t *testing.T) {
 	if err := cl.ReplicaReady(ctx, sess.ID, sl.ID, sl.Replicas[0].Server); err != nil {
 		t.Errorf("ReplicaReady of a ready replica: %v", err)
 	}
+	// A bad copy: replaced on the third server, and the generation moves; said twice, the same.
+	if err := cl.ReplicaBad(ctx, sess.ID, sl.ID, ""); !errors.Is(err, ctrl.ErrBadRequest) || !strings.Contains(err.Error(), "needs the server's instance id") {
+		t.Errorf("a replica-bad report without a server: %v", err)
+	}
+	for range 2 {
+		if err := cl.ReplicaBad(ctx, sess.ID, sl.ID, sl.Replicas[0].Server); err != nil {
+			t.Fatalf("replica bad: %v", err)
+		}
+	}
+	if g, slabs, err := cl.Slabs(ctx, sess.ID); err != nil || g == gen || len(slabs[0].Replicas) != 2 || slabs[0].Replicas[1].State != ctrl.Rebuilding ||
+		slabs[0].Replicas[0].Server != sl.Replicas[1].Server || slabs[0].Replicas[1].Server == sl.Replicas[0].Server {
+		t.Errorf("after a replica-bad report: gen %d (was %d) %+v %v", g, gen, slabs, err)
+	}
+	if err := cl.ReplicaBad(ctx, sess.ID, sl.ID, sl.Replicas[1].Server); !errors.Is(err, ctrl.ErrConflict) {
+		t.Errorf("reporting the last ready copy bad: %v, want ErrConflict", err)
+	}
 	if err := cl.FreeSlab(ctx, sess.ID, sl.ID); err != nil {
 		t.Fatal(err)
 	}
