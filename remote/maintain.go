@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,10 +13,12 @@ import (
 	"github.com/farmem/farmem/fabric"
 )
 
-// allocate asks the ctrl for a slab and creates it on its replicas. A replica whose server
-// cannot be reached is left out: the ctrl may not have noticed yet that the server died, and
-// once it does it places a replacement, which maintain fills. With no replica created at all the
-// slab is given back and another asked for, until the ctx ends.
+// allocate asks the ctrl for a slab and creates it on its replicas. A replica that cannot be
+// created is left out and reported bad: its server may be dying, but it may as well stay alive
+// (a link that flapped, a server out of memory), and then no death would ever make the ctrl
+// replace it — the slab would keep a copy fewer while the ctrl counts it whole. The ctrl
+// places a replacement on another server, which maintain creates and fills. With no replica
+// created at all the slab is given back and another asked for, until the ctx ends.
 func (s *Store) allocate(ctx context.Context) (*slab, error) {
 	s.growMu.Lock()
 	defer s.growMu.Unlock()
@@ -32,17 +35,22 @@ func (s *Store) allocate(ctx context.Context) (*slab, error) {
 		}
 		sl := newSlab(cs.ID, cs.Pages)
 		errs = errs[:0]
+		var failed []ctrl.Replica
 		for _, r := range cs.Replicas {
 			srv := s.servers.get(r.Server, r.Addr)
 			if err := s.create(srv, &r.Grant); err != nil {
 				errs = append(errs, err.Error())
+				failed = append(failed, r)
 				continue
 			}
 			sl.replicas = append(sl.replicas, &replica{srv: srv, ready: true})
 		}
 		if len(sl.replicas) > 0 {
 			if len(errs) > 0 {
-				s.cfg.Logf("farmem: slab %d placed with %d of %d copies for now: %s", cs.ID, len(sl.replicas), len(cs.Replicas), strings.Join(errs, "; "))
+				s.cfg.Logf("farmem: slab %d placed with %d of %d copies for now, asking the ctrl to re-place the others: %s", cs.ID, len(sl.replicas), len(cs.Replicas), strings.Join(errs, "; "))
+			}
+			for _, r := range failed {
+				s.queueBad(badCopy{slab: cs.ID, server: r.Server, addr: r.Addr})
 			}
 			return sl, nil
 		}
@@ -87,7 +95,9 @@ func (s *Store) maintain() {
 		case <-s.stop:
 			return
 		case <-tick.C:
+		case <-s.wake: // a bad copy to report: the sooner it is re-placed, the shorter the window with a copy fewer
 		}
+		s.sendBad()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		g, err := s.ctrl.SessionHeartbeat(ctx, s.session.ID)
 		if err == nil && g != gen {
@@ -191,7 +201,9 @@ func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 		}
 		srv := s.servers.get(r.Server, r.Addr)
 		if err := s.create(srv, &r.Grant); err != nil {
-			s.cfg.Logf("farmem: cannot create replacement copy of slab %d on %s: %v", cs.ID, r.Addr, err)
+			// Left as it is, the ctrl would wait for it forever: ask for another.
+			s.cfg.Logf("farmem: cannot create replacement copy of slab %d on %s, asking the ctrl for another: %v", cs.ID, r.Addr, err)
+			s.queueBad(badCopy{slab: cs.ID, server: r.Server, addr: r.Addr})
 			continue
 		}
 		// From here on every Store of this slab writes the new copy too; the pages stored
@@ -204,6 +216,11 @@ func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 		go func() {
 			defer s.done.Done()
 			if err := s.rebuild(sl, nr); err != nil {
+				var de destError
+				if errors.As(err, &de) {
+					s.replicaBad(sl, nr, de.err) // the ctrl places another
+					return
+				}
 				s.cfg.Logf("farmem: filling the replacement copy of slab %d on %s failed: %v", sl.id, srv.addr, err)
 				return
 			}
@@ -252,9 +269,12 @@ func (s *Store) rebuild(sl *slab, nr *replica) error {
 func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte) error {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
+	if nr.bad.Load() || !slices.Contains(sl.replicas, nr) {
+		return errors.New("the copy was reported bad or dropped meanwhile")
+	}
 	var err error
 	for _, r := range sl.replicas {
-		if !r.ready {
+		if !r.usable() {
 			continue
 		}
 		var t fabric.Transport
@@ -265,10 +285,18 @@ func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte
 			r.srv.failed(err)
 			continue
 		}
-		return nr.srv.write(addrs, buf)
+		if err = nr.srv.write(addrs, buf); err != nil {
+			return destError{err}
+		}
+		return nil
 	}
 	if err == nil {
 		err = errors.New("no ready copy to copy from")
 	}
 	return err
 }
+
+// destError is a rebuild's failure to write the copy it fills (not to read the one it copies).
+type destError struct{ err error }
+
+func (e destError) Error() string { return e.err.Error() }

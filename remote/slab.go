@@ -31,17 +31,31 @@ type slab struct {
 // replica is a copy of a slab on one server.
 type replica struct {
 	srv   *server
-	ready bool // false while it is being filled (rebuild): written to, never read from
+	ready bool // protected by slab.mu; false while it is being filled (rebuild): written to, never read from
+	// bad is set once a write to this copy failed while the slab's write as a whole succeeded:
+	// the copy misses pages, so it is neither read nor written again, and the ctrl is told
+	// (Store.replicaBad) so that it places a replacement. Atomic: set under slab.mu's read lock.
+	bad atomic.Bool
 }
+
+// failedWrite is a copy a write failed on, and why.
+type failedWrite struct {
+	r   *replica
+	err error
+}
+
+// usable is a copy to read from (and to copy from in a rebuild). Called with slab.mu held.
+func (r *replica) usable() bool { return r.ready && !r.bad.Load() }
 
 func newSlab(id uint64, pages uint32) *slab {
 	return &slab{id: id, pages: pages, sums: make([]atomic.Uint32, pages)}
 }
 
-// write stores data (one page for each of pages) on every replica, in parallel. It
-// succeeds when at least one ready copy took it: a server that fails is not used again, and
-// the ctrl restores the replica count once it declares that server dead.
-func (sl *slab) write(pages []uint32, data []byte) error {
+// write stores data (one page for each of pages) on every replica not known bad, in parallel.
+// It succeeds when at least one ready copy took it; then the copies that failed it miss these
+// pages, and come back in failed for the caller to report. A server that fails is also not
+// preferred for reads again.
+func (sl *slab) write(pages []uint32, data []byte) (failed []failedWrite, err error) {
 	addrs := make([]fabric.Addr, len(pages))
 	for i, pg := range pages {
 		addrs[i] = fabric.Addr{Slab: sl.id, Page: pg}
@@ -50,32 +64,44 @@ func (sl *slab) write(pages []uint32, data []byte) error {
 	sl.mu.RLock()
 	defer sl.mu.RUnlock()
 	if sl.lost != nil {
-		return sl.lost
+		return nil, sl.lost
 	}
-	if len(sl.replicas) == 0 {
-		return fmt.Errorf("remote: no copy of slab %d is left to write", sl.id)
+	var stack [4]*replica
+	to := stack[:0]
+	for _, r := range sl.replicas {
+		if !r.bad.Load() {
+			to = append(to, r)
+		}
 	}
-	errs := make([]error, len(sl.replicas))
+	if len(to) == 0 {
+		return nil, fmt.Errorf("remote: no copy of slab %d is left to write", sl.id)
+	}
+	errs := make([]error, len(to))
 	var wg sync.WaitGroup
-	for i, r := range sl.replicas[1:] {
+	for i, r := range to[1:] {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			errs[i+1] = r.srv.write(addrs, data)
 		}()
 	}
-	errs[0] = sl.replicas[0].srv.write(addrs, data)
+	errs[0] = to[0].srv.write(addrs, data)
 	wg.Wait()
 	var msgs []string
-	for i, r := range sl.replicas {
+	ok := false
+	for i, r := range to {
 		if errs[i] == nil && r.ready {
-			return nil
+			ok = true
 		}
 		if errs[i] != nil {
 			msgs = append(msgs, errs[i].Error())
+			failed = append(failed, failedWrite{r, errs[i]})
 		}
 	}
-	return fmt.Errorf("remote: no copy of slab %d could be written: %s", sl.id, strings.Join(msgs, "; "))
+	if !ok {
+		return nil, fmt.Errorf("remote: no copy of slab %d could be written: %s", sl.id, strings.Join(msgs, "; "))
+	}
+	return failed, nil
 }
 
 // read fills dst with a page from the fastest ready copy whose bytes match the page's sum,
@@ -87,7 +113,7 @@ func (sl *slab) read(pg uint32, dst []byte, tc *fabric.TraceContext) (*server, e
 	var cand [4]*server
 	order := cand[:0]
 	for _, r := range sl.replicas {
-		if r.ready {
+		if r.usable() {
 			order = append(order, r.srv)
 		}
 	}
@@ -134,7 +160,7 @@ func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
 	lost := sl.lost
 	var best *server
 	for _, r := range sl.replicas {
-		if r.ready && (best == nil || preferred(r.srv, best)) {
+		if r.usable() && (best == nil || preferred(r.srv, best)) {
 			best = r.srv
 		}
 	}

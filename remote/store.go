@@ -4,7 +4,12 @@
 // and another replica used.
 //
 // Lock order: Store.mu, then slab.mu, then server.mu. Network I/O never happens under
-// Store.mu: it only hands out and takes back slots.
+// Store.mu: it only hands out and takes back slots. Store.badMu is taken alone.
+//
+// A copy that a write failed on while the write as a whole succeeded (another ready copy took
+// it), or that could not be created, is reported to the ctrl as bad (bad.go): its server may be
+// alive, so no death would drop it, yet it misses pages. The ctrl places a replacement, which
+// maintain fills as after a server's death.
 //
 // A slot names a page of a slab: the slab's index in Store.slabs (plus one; zero is never a
 // slot) in the high 32 bits, the page in the low. Slots are written once, by Store, and read
@@ -61,6 +66,10 @@ type Store struct {
 	closed atomic.Bool
 	stop   chan struct{}
 	done   sync.WaitGroup
+
+	badMu sync.Mutex
+	bad   []badCopy     // protected by badMu: copies to report to the ctrl (maintain sends them)
+	wake  chan struct{} // capacity 1: wakes maintain to send a report at once
 }
 
 // crcTable is Castagnoli: hardware-accelerated on every machine farmem runs on.
@@ -82,7 +91,7 @@ func Open(cfg Config) (*Store, error) {
 		cfg.Logf = func(string, ...any) {}
 	}
 	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token, cfg.CA), spare: make(chan *slab, 1),
-		lost: make(chan error, 1), stop: make(chan struct{})}
+		lost: make(chan error, 1), stop: make(chan struct{}), wake: make(chan struct{}, 1)}
 	// Two ctrl calls, each bounded at 15 s by the client, share this budget: a ctrl slow to
 	// save the session should not leave the first slab's request no time of its own.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -211,11 +220,15 @@ func (s *Store) Store(src []byte, slots []backend.Slot) error {
 				copy(data[j*backend.PageSize:], src[i*backend.PageSize:(i+1)*backend.PageSize])
 			}
 		}
-		if err := sl.write(pages, data[:len(idx)*backend.PageSize]); err != nil {
+		failed, err := sl.write(pages, data[:len(idx)*backend.PageSize])
+		if err != nil {
 			s.mu.Lock()
 			s.giveBack(slots[:n])
 			s.mu.Unlock()
 			return err
+		}
+		for _, f := range failed {
+			s.replicaBad(sl, f.r, f.err)
 		}
 	}
 	s.stored.Add(int64(n))

@@ -1,0 +1,130 @@
+package remote
+
+import (
+	"testing"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/ctrl"
+)
+
+func (c *cluster) byAddr(addr string) *memserver {
+	for _, m := range c.servers {
+		if m.addr == addr {
+			return m
+		}
+	}
+	c.t.Fatalf("no memory server at %s", addr)
+	return nil
+}
+
+// whole waits until the ctrl counts every slab of the session whole and the store holds, for
+// every slab, `want` ready copies, none of them marked bad nor on a server in avoid.
+func (c *cluster) whole(s *Store, want int, avoid ...string) {
+	c.t.Helper()
+	c.waitStatus(func(st ctrl.Status) bool {
+		for _, sess := range st.Sessions {
+			if sess.Name == c.t.Name() && (sess.Degraded > 0 || sess.Rebuilding > 0 || sess.Lost > 0) {
+				return false
+			}
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, sl := range s.slabs {
+			sl.mu.RLock()
+			n := 0
+			for _, r := range sl.replicas {
+				if r.usable() && !contains(avoid, r.srv.addr) {
+					n++
+				}
+			}
+			sl.mu.RUnlock()
+			if n != want {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// A memory server loses one slab's copy (freed behind the client's back) and stays alive: the
+// next write to that slab fails there, the client reports the copy bad, and the ctrl places a
+// replacement on another server, which the client fills from the good copy. The server is
+// still a healthy member; every page reads back, even once the good copy's server is killed.
+func TestBadCopyOnLiveServerIsReplaced(t *testing.T) {
+	c := newCluster(t, 4)
+	s := c.open(2)
+	pages := storePages(t, s, 11, 1000) // 4 slabs of 256 pages
+	s.mu.Lock()
+	victim := s.slabs[1]
+	s.mu.Unlock()
+	victim.mu.RLock()
+	badSrv, goodSrv := victim.replicas[0].srv.addr, victim.replicas[1].srv.addr
+	victim.mu.RUnlock()
+	c.byAddr(badSrv).srv.FreeSlab(victim.id)
+
+	// Rewrite some of its pages: free slots of the victim slab and store new pages into them.
+	var reuse []backend.Slot
+	for sl := range pages {
+		if uint64(sl)>>32 == 2 && len(reuse) < 40 {
+			reuse = append(reuse, sl)
+		}
+	}
+	s.Free(reuse...)
+	for _, sl := range reuse {
+		delete(pages, sl)
+	}
+	for sl, p := range storePages(t, s, 12, len(reuse)) {
+		pages[sl] = p
+	}
+	c.whole(s, 2)
+	victim.mu.RLock()
+	for _, r := range victim.replicas {
+		if r.srv.addr == badSrv {
+			t.Errorf("slab %d still has a copy on %s, whose copy was bad", victim.id, badSrv)
+		}
+	}
+	victim.mu.RUnlock()
+	st := c.waitStatus(func(ctrl.Status) bool { return true })
+	for _, sv := range st.Servers {
+		if sv.Addr == badSrv && !sv.Healthy {
+			t.Fatalf("the server whose copy was bad was declared dead: %+v", sv)
+		}
+	}
+	verify(t, s, pages)
+	c.byAddr(goodSrv).kill()
+	verify(t, s, pages)
+	select {
+	case err := <-s.Lost():
+		t.Fatalf("store reported a loss: %v", err)
+	default:
+	}
+}
+
+// A memory server's data path dies while its heartbeats go on (to the ctrl it is alive): every
+// slab allocated with a copy there — that copy cannot be created — and every slab whose copy
+// there fails a write gets its full replica count elsewhere, rather than living on with a copy
+// fewer that the ctrl counts as whole.
+func TestSlabPlacedOnHalfDeadServerGetsFullCount(t *testing.T) {
+	c := newCluster(t, 3)
+	s := c.open(2)
+	half := c.servers[2]
+	half.srv.Close() // listeners and connections gone, slabs freed; heartbeats go on
+	pages := storePages(t, s, 13, 2500)
+	c.whole(s, 2, half.addr)
+	st := c.waitStatus(func(ctrl.Status) bool { return true })
+	for _, sv := range st.Servers {
+		if sv.Addr == half.addr && (!sv.Healthy || sv.Slabs != 0) {
+			t.Fatalf("the half-dead server: %+v; want healthy to the ctrl and holding no slab", sv)
+		}
+	}
+	verify(t, s, pages)
+}
