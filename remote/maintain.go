@@ -98,6 +98,7 @@ func (s *Store) maintain() {
 		case <-s.wake: // a bad copy to report: the sooner it is re-placed, the shorter the window with a copy fewer
 		}
 		s.sendBad()
+		s.releaseEmpty()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		g, err := s.ctrl.SessionHeartbeat(ctx, s.session.ID)
 		if err == nil && g != gen {
@@ -129,10 +130,11 @@ func (s *Store) keepSpare() {
 	s.mu.Lock()
 	var total, used uint64
 	for _, sl := range s.slabs {
-		total += uint64(sl.pages)
-		used += uint64(sl.used)
+		if sl != nil {
+			total += uint64(sl.pages)
+			used += uint64(sl.inUse)
+		}
 	}
-	used -= uint64(len(s.free))
 	s.mu.Unlock()
 	if used*2 < total {
 		return
@@ -152,7 +154,9 @@ func (s *Store) apply(slabs []ctrl.Slab) {
 	s.mu.Lock()
 	mine := make(map[uint64]*slab, len(s.slabs)+1)
 	for _, sl := range s.slabs {
-		mine[sl.id] = sl
+		if sl != nil {
+			mine[sl.id] = sl
+		}
 	}
 	s.mu.Unlock()
 	select {

@@ -15,7 +15,9 @@ import (
 type slab struct {
 	id    uint64
 	pages uint32
-	used  uint32 // protected by Store.mu: slots handed out so far (slot pages below it)
+	used  uint32   // protected by Store.mu: pages handed out so far (slot pages below it)
+	free  []uint32 // protected by Store.mu: pages below used freed since, handed out first
+	inUse uint32   // protected by Store.mu: pages handed out and not freed
 
 	// mu is held for reading by every Store write to the slab and for writing by each chunk of a
 	// rebuild copy, so a copy never interleaves with a write of the same pages (maintain.go).

@@ -55,14 +55,20 @@ type Store struct {
 	session ctrl.Session
 	servers *servers
 
-	mu     sync.Mutex
-	slabs  []*slab        // protected by mu; append-only, index+1 is the slot's high half
-	free   []backend.Slot // protected by mu; freed slots, reused first
-	next   int            // protected by mu; index of the slab new slots come from
-	spare  chan *slab     // a slab allocated ahead of need (capacity 1)
-	growMu sync.Mutex     // one allocation at a time
-	stored atomic.Int64   // slots in use
-	lost   chan error     // receives the first loss of pages; capacity 1
+	mu    sync.Mutex
+	slabs []*slab // protected by mu; index+1 is the slot's high half; nil: given back (slots.go)
+	holes []int   // protected by mu; the indices of slabs given back, filled by the next new slabs
+	// room has bit i set when slabs[i] has a page to hand out; roomFrom is the first word of
+	// it that may have one. empty counts the slabs with no page in use. All protected by mu.
+	room     []uint64
+	roomFrom int
+	empty    int
+	released []uint64 // slabs given back that the ctrl has yet to hear of; maintain's alone
+
+	spare  chan *slab   // a slab allocated ahead of need (capacity 1)
+	growMu sync.Mutex   // one allocation at a time
+	stored atomic.Int64 // slots in use
+	lost   chan error   // receives the first loss of pages; capacity 1
 	closed atomic.Bool
 	stop   chan struct{}
 	done   sync.WaitGroup
@@ -108,7 +114,7 @@ func Open(cfg Config) (*Store, error) {
 		s.servers.close()
 		return nil, err
 	}
-	s.slabs = append(s.slabs, first)
+	s.install(first)
 	s.done.Add(1)
 	go s.maintain()
 	return s, nil
@@ -128,36 +134,6 @@ func (s *Store) reportLost(err error) {
 	}
 }
 
-// take hands out n slots, growing into new slabs as needed.
-func (s *Store) take(slots []backend.Slot) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i := range slots {
-		if n := len(s.free); n > 0 {
-			slots[i] = s.free[n-1]
-			s.free = s.free[:n-1]
-			continue
-		}
-		for s.slabs[s.next].used >= s.slabs[s.next].pages {
-			if s.next+1 < len(s.slabs) {
-				s.next++
-				continue
-			}
-			sl, err := s.grow()
-			if err != nil {
-				s.giveBack(slots[:i])
-				return err
-			}
-			s.slabs = append(s.slabs, sl)
-			s.next = len(s.slabs) - 1
-		}
-		sl := s.slabs[s.next]
-		slots[i] = backend.Slot(uint64(s.next+1)<<32 | uint64(sl.used))
-		sl.used++
-	}
-	return nil
-}
-
 // grow returns the spare slab, or allocates one now if none is ready. Called with mu held: the
 // wait (a ctrl round trip and creates on the servers) is rare, because maintain keeps a spare.
 func (s *Store) grow() (*slab, error) {
@@ -171,14 +147,12 @@ func (s *Store) grow() (*slab, error) {
 	return s.allocate(ctx)
 }
 
-func (s *Store) giveBack(slots []backend.Slot) { s.free = append(s.free, slots...) }
-
 // slot resolves a slot to its slab and page.
 func (s *Store) slot(sl backend.Slot) (*slab, uint32, error) {
 	i := int(uint64(sl)>>32) - 1
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i < 0 || i >= len(s.slabs) || uint32(sl) >= s.slabs[i].pages {
+	if i < 0 || i >= len(s.slabs) || s.slabs[i] == nil || uint32(sl) >= s.slabs[i].pages {
 		return nil, 0, fmt.Errorf("%w %d", backend.ErrUnknownSlot, sl)
 	}
 	return s.slabs[i], uint32(sl), nil
@@ -281,11 +255,12 @@ func (s *Store) LoadBatch(slots []backend.Slot, dst []byte) error {
 	return nil
 }
 
-// Free implements backend.Backend. It is local: the slot is reused by a later Store, which
-// overwrites it on every replica; the servers are not told.
+// Free implements backend.Backend. The slot is reused by a later Store, which overwrites it on
+// every replica; the servers are not told. A slab left with no page in use is given back to
+// the ctrl by maintain (releaseEmpty).
 func (s *Store) Free(slots ...backend.Slot) {
 	s.mu.Lock()
-	s.free = append(s.free, slots...)
+	s.giveBack(slots)
 	s.mu.Unlock()
 	s.stored.Add(-int64(len(slots)))
 }
