@@ -95,7 +95,8 @@ type slab struct {
 	replicas []replica // in placement order, on distinct servers
 	lost     bool
 	// downFrom names (by address) the dead servers that held a ready copy since the slab was
-	// last whole: if no copy survives they are what the client names when it stops.
+	// last whole, and the servers whose ready copy was reported bad: if no copy survives they
+	// are what the client names when it stops.
 	downFrom    []string
 	lostServers []string
 	stuck       bool // a replacement found no room; logged once until it is placed
@@ -500,7 +501,11 @@ func (c *Cluster) ReplicaBad(now time.Time, id fabric.SessionID, slabID uint64, 
 			return errorf(ErrConflict, "the copy of slab %d on %s is its only ready one: it is kept, there is nothing to rebuild another from", slabID, s.addr)
 		}
 	}
-	c.dropReplica(sl, s)
+	if c.dropReplica(sl, s) == Ready {
+		// Should the other copies go too, this one is among those the client names: it may be
+		// gone with its server (a dying server's writes fail first), or it misses pages.
+		sl.downFrom = append(sl.downFrom, s.addr)
+	}
 	if !slices.Contains(sl.avoid, s.id) {
 		sl.avoid = append(sl.avoid, s.id)
 	}
