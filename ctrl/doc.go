@@ -1,6 +1,13 @@
 // Package ctrl is farmem's control plane: memory-server membership and health, slab placement
 // by power of two choices on free memory, replicas on distinct servers, re-replication after a
-// server dies, state kept across restarts, and the HTTP/JSON API behind `farmem status`.
+// server dies or after a client reports a copy bad (a write to it failed, or it could not be
+// created, while its server may live on: the copy is dropped and a replacement placed by the
+// same rules, never on that server again until the slab is whole), state kept across restarts,
+// and the HTTP/JSON API behind `farmem status`.
+//
+// Fields. Every field of Cluster and of the server, session and slab values it owns is guarded
+// by Service.mu when a Service runs it (cluster.go); Service's own fields say which of mu and
+// saveMu guards each (service.go); the election's leading and leaderName are atomics.
 //
 // Lock order. Service.mu is the innermost lock: no I/O, no logging and no other lock is taken
 // while it is held.
