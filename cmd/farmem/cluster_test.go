@@ -71,8 +71,12 @@ type lockedBuf struct {
 	b  bytes.Buffer // guarded by mu
 }
 
-func (l *lockedBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
-func (l *lockedBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+func (l *lockedBuf) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
 // startLogged starts argv with its output collected, and kills it at the end of the test,
 // logging that output.
@@ -228,7 +232,9 @@ func (c *netCluster) cut(s *netServer) { ip(c.t, "-n", c.router, "link", "set", 
 
 // cutFromEtcd drops, in ctrl i's namespace, what it sends to etcd: it still reaches, and is
 // reached by, the memory servers and clients.
-func (c *netCluster) cutFromEtcd(i int) { ip(c.t, "-n", c.ctrlNS[i], "route", "add", "blackhole", etcdHost+"/32") }
+func (c *netCluster) cutFromEtcd(i int) {
+	ip(c.t, "-n", c.ctrlNS[i], "route", "add", "blackhole", etcdHost+"/32")
+}
 
 func (c *netCluster) status() (ctrl.Status, error) {
 	st, _, err := c.statusFrom(c.ctrl)
