@@ -4,7 +4,8 @@
 // and another replica used.
 //
 // Lock order: Store.mu, then slab.mu, then server.mu. Network I/O never happens under
-// Store.mu: it only hands out and takes back slots. Store.badMu is taken alone.
+// Store.mu: it only hands out and takes back slots. Store.badMu is innermost: taken alone, or
+// under Store.mu when an allocation (grow) queues a copy it could not create.
 //
 // A copy that a write failed on while the write as a whole succeeded (another ready copy took
 // it), or that could not be created, is reported to the ctrl as bad (bad.go): its server may be
@@ -12,7 +13,9 @@
 // maintain fills as after a server's death.
 //
 // A slot names a page of a slab: the slab's index in Store.slabs (plus one; zero is never a
-// slot) in the high 32 bits, the page in the low. Slots are written once, by Store, and read
+// slot) in the high 32 bits, the page in the low; the index of a slab given back to the ctrl
+// (slots.go) is reused by a later slab, which cannot happen while a slot of it is in use. Slots
+// are written once, by Store, and read
 // until freed; a freed slot is reused only by a later Store, which writes every replica again.
 // That write-once rule is what makes copying a slab to a new replica safe while the program
 // runs (maintain.go).
