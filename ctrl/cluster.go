@@ -476,45 +476,47 @@ func (c *Cluster) ReplicaReady(now time.Time, id fabric.SessionID, slabID uint64
 	return errorf(ErrConflict, "slab %d has no replica on server %s any more (the server died or the replica was re-placed): refetch the slab map", slabID, serverID)
 }
 
-// ReplicaBad drops the copy of a slab on a live server after the client failed to write it
-// there (its server stays up, so no death will drop it): that copy now misses pages. The slab
-// gets a replacement on another server as if the copy's server had died — placed now if there
-// is room — and the client fills it from a good copy. The server is told to free its copy in
-// its next heartbeat reply. Saying it twice is harmless: a copy already dropped (its server
-// died, or an earlier report) is not there to drop. The last ready copy is never dropped: with
-// nothing to rebuild from, the slab would be lost, and a copy that missed one write still
-// holds every other page (ErrConflict).
-func (c *Cluster) ReplicaBad(now time.Time, id fabric.SessionID, slabID uint64, serverID string) error {
-	sl, err := c.sessionSlab(now, id, slabID)
+// ReplicasBad drops copies of the session's slabs on live servers after the client failed to
+// write them there, or to create them (their servers may stay up, so no death will drop them):
+// those copies miss pages. Each slab gets a replacement on another server as if the copy's
+// server had died — placed now if there is room — and the client fills it from a good copy.
+// The servers are told to free the bad copies in their next heartbeat reply. One call takes
+// every copy a client found bad since its last, so that a server's failure costs one save, not
+// one per slab. Saying it twice is harmless: a copy already dropped (its server died, an
+// earlier report, its slab freed) is not there to drop. The last ready copy of a slab is never
+// dropped — with nothing to rebuild from the slab would be lost, and a copy that missed one
+// write still holds every other page — and comes back in kept.
+func (c *Cluster) ReplicasBad(now time.Time, id fabric.SessionID, bad []BadReplica) (kept []BadReplica, err error) {
+	ss, err := c.session(now, id)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if sl.lost {
-		return nil
-	}
-	s := c.servers[serverID]
-	if s == nil || s.placed[sl.id] != sl {
-		return nil
-	}
-	for _, r := range sl.replicas {
-		if r.server == serverID && r.state == Ready && sl.ready() == 1 {
-			return errorf(ErrConflict, "the copy of slab %d on %s is its only ready one: it is kept, there is nothing to rebuild another from", slabID, s.addr)
+	kept = []BadReplica{}
+	for _, b := range bad {
+		sl := ss.slabs[b.Slab]
+		s := c.servers[b.Server]
+		if sl == nil || sl.lost || s == nil || s.placed[sl.id] != sl {
+			continue
 		}
+		if sl.ready() == 1 && slices.Contains(sl.replicas, replica{server: s.id, state: Ready}) {
+			kept = append(kept, b)
+			continue
+		}
+		if c.dropReplica(sl, s) == Ready {
+			// Should the other copies go too, this one is among those the client names: it may
+			// be gone with its server (a dying server's writes fail first), or it misses pages.
+			sl.downFrom = append(sl.downFrom, s.addr)
+		}
+		if !slices.Contains(sl.avoid, s.id) {
+			sl.avoid = append(sl.avoid, s.id)
+		}
+		sl.sess.gen++
+		c.degraded[sl.id] = sl
+		c.changed()
+		c.eventf(now, "slab %d of session %s (%s): its copy on %s (%s) was reported bad (a write to it or its creation failed); placing a replacement", sl.id, sl.sess.id, sl.sess.name, s.addr, s.id)
 	}
-	if c.dropReplica(sl, s) == Ready {
-		// Should the other copies go too, this one is among those the client names: it may be
-		// gone with its server (a dying server's writes fail first), or it misses pages.
-		sl.downFrom = append(sl.downFrom, s.addr)
-	}
-	if !slices.Contains(sl.avoid, s.id) {
-		sl.avoid = append(sl.avoid, s.id)
-	}
-	sl.sess.gen++
-	c.degraded[sl.id] = sl
-	c.changed()
-	c.eventf(now, "slab %d of session %s (%s): its copy on %s (%s) was reported bad (a write to it failed); placing a replacement", sl.id, sl.sess.id, sl.sess.name, s.addr, s.id)
 	c.rereplicate(now)
-	return nil
+	return kept, nil
 }
 
 // FreeSlab releases a slab: its servers are told to free it in their next heartbeat reply.

@@ -74,7 +74,7 @@
 //	POST   /v1/sessions/{id}/slabs            {"replicas"} → Slab (503: not enough live servers with room)
 //	GET    /v1/sessions/{id}/slabs            → SlabMap
 //	POST   /v1/sessions/{id}/slabs/{slab}/ready  {"server"} → {}
-//	POST   /v1/sessions/{id}/slabs/{slab}/bad    {"server"} → {} (a write to that copy failed: re-place it; 409: the last ready copy)
+//	POST   /v1/sessions/{id}/bad              {"replicas": [{"slab", "server"}]} → {"kept": [...]} (copies a write or create failed on: re-placed; the last ready copy is kept)
 //	DELETE /v1/sessions/{id}/slabs/{slab}     → {}
 //	DELETE /v1/sessions/{id}                  → {}
 //	GET    /v1/status                         → Status

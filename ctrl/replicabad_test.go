@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/farmem/farmem/fabric"
 )
 
 // A copy reported bad on a live server is dropped and replaced on another server (never the
@@ -22,7 +25,7 @@ func TestCtrlReplicaBadReplaces(t *testing.T) {
 	gen, _ := c.SessionHeartbeat(t0, sid)
 	c.TakeEvents()
 
-	if err := c.ReplicaBad(t0, sid, sl.ID, bad.Server); err != nil {
+	if err := reportBad(c, t0, sid, sl.ID, bad.Server); err != nil {
 		t.Fatal(err)
 	}
 	gen2, got := slabOf(t, c, t0, sid, sl.ID)
@@ -44,7 +47,7 @@ func TestCtrlReplicaBadReplaces(t *testing.T) {
 		}
 	}
 	// Again: nothing changes.
-	if err := c.ReplicaBad(t0, sid, sl.ID, bad.Server); err != nil {
+	if err := reportBad(c, t0, sid, sl.ID, bad.Server); err != nil {
 		t.Errorf("a repeated report: %v", err)
 	}
 	if gen3, again := slabOf(t, c, t0, sid, sl.ID); gen3 != gen2 || !slices.Equal(again.Replicas, got.Replicas) {
@@ -52,7 +55,7 @@ func TestCtrlReplicaBadReplaces(t *testing.T) {
 	}
 	// The replacement is bad too before it is filled: another one, yet never on the first
 	// bad server, so with three servers there is no room for it.
-	if err := c.ReplicaBad(t0, sid, sl.ID, third.Server); err != nil {
+	if err := reportBad(c, t0, sid, sl.ID, third.Server); err != nil {
 		t.Fatal(err)
 	}
 	_, got = slabOf(t, c, t0, sid, sl.ID)
@@ -63,7 +66,7 @@ func TestCtrlReplicaBadReplaces(t *testing.T) {
 		t.Errorf("status totals %+v: want the slab degraded", st.Totals)
 	}
 	// The last ready copy is kept.
-	if err := c.ReplicaBad(t0, sid, sl.ID, good.Server); !errors.Is(err, ErrConflict) {
+	if err := reportBad(c, t0, sid, sl.ID, good.Server); !errors.Is(err, ErrConflict) {
 		t.Errorf("reporting the last ready copy: %v, want ErrConflict", err)
 	}
 	// A new server joins: the replacement goes there; once filled, the slab is whole.
@@ -80,10 +83,13 @@ func TestCtrlReplicaBadReplaces(t *testing.T) {
 		t.Errorf("status totals %+v: want whole", st.Totals)
 	}
 	// Bad input.
-	if err := c.ReplicaBad(t0, sid, 999, good.Server); !errors.Is(err, ErrNotFound) {
-		t.Errorf("a report for a slab the session does not have: %v, want ErrNotFound", err)
+	if err := reportBad(c, t0, sid, 999, good.Server); err != nil {
+		t.Errorf("a report for a slab the session does not have (freed meanwhile): %v, want nil", err)
 	}
-	if err := c.ReplicaBad(t0, sid, sl.ID, "no-such-server"); err != nil {
+	if err := reportBad(c, t0, fabric.NewSessionID(), sl.ID, good.Server); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a report for a session that is not open: %v, want ErrNotFound", err)
+	}
+	if err := reportBad(c, t0, sid, sl.ID, "no-such-server"); err != nil {
 		t.Errorf("a report naming a server that holds no copy: %v, want nil (nothing to drop)", err)
 	}
 }
@@ -99,7 +105,7 @@ func TestCtrlReplicaBadSurvivesRestore(t *testing.T) {
 	sid := openSession(t, c, t0)
 	sl := alloc(t, c, t0, sid, 2)
 	bad := sl.Replicas[0].Server
-	if err := c.ReplicaBad(t0, sid, sl.ID, bad); err != nil {
+	if err := reportBad(c, t0, sid, sl.ID, bad); err != nil {
 		t.Fatal(err)
 	}
 	_, got := slabOf(t, c, t0, sid, sl.ID)
@@ -110,12 +116,21 @@ func TestCtrlReplicaBadSurvivesRestore(t *testing.T) {
 	if avoid := c2.State().Sessions[0].Slabs[0].Avoid; !slices.Equal(avoid, []string{bad}) {
 		t.Fatalf("restored avoid list %v, want [%s]", avoid, bad)
 	}
-	if err := c2.ReplicaBad(t0, sid, sl.ID, got.Replicas[1].Server); err != nil {
+	if err := reportBad(c2, t0, sid, sl.ID, got.Replicas[1].Server); err != nil {
 		t.Fatal(err)
 	}
 	if _, again := slabOf(t, c2, t0, sid, sl.ID); len(again.Replicas) != 1 {
 		t.Errorf("the restored ctrl placed a replacement %+v; the only other server's copy was reported bad", again.Replicas)
 	}
+}
+
+// reportBad reports one copy bad; a copy the ctrl keeps is ErrConflict.
+func reportBad(c *Cluster, now time.Time, id fabric.SessionID, slab uint64, server string) error {
+	kept, err := c.ReplicasBad(now, id, []BadReplica{{Slab: slab, Server: server}})
+	if err == nil && len(kept) > 0 {
+		return ErrConflict
+	}
+	return err
 }
 
 func eventLog(c *Cluster) string {

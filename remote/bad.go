@@ -37,35 +37,48 @@ func (s *Store) queueBad(b badCopy) {
 	}
 }
 
-// sendBad reports the queued bad copies to the ctrl; those it could not reach it keeps for the
-// next round. Called by maintain only.
+// sendBad reports the queued bad copies to the ctrl in one request (a server's failure is one
+// save on the ctrl, not one per slab); if the ctrl cannot be reached they wait for the next
+// round. Called by maintain only.
 func (s *Store) sendBad() {
 	s.badMu.Lock()
 	todo := s.bad
 	s.bad = nil
 	s.badMu.Unlock()
-	var keep []badCopy
-	for i, b := range todo {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := s.ctrl.ReplicaBad(ctx, s.session.ID, b.slab, b.server)
-		cancel()
-		switch {
-		case err == nil, errors.Is(err, ctrl.ErrNotFound):
-			// Re-placed (the next slab map shows the replacement), or the slab is gone.
-		case errors.Is(err, ctrl.ErrConflict):
-			// The slab's last ready copy: the ctrl keeps it, and so do we. It misses the pages
-			// whose write failed; their checksums catch it if they are read from it.
-			s.cfg.Logf("farmem: the ctrl keeps the copy of slab %d on %s: %v", b.slab, b.addr, err)
-			if b.rep != nil {
-				b.rep.bad.Store(false)
-			}
-		default:
-			s.cfg.Logf("farmem: reporting the bad copy of slab %d on %s to the ctrl (retrying): %v", b.slab, b.addr, err)
-			keep = append(keep, todo[i:]...)
+	if len(todo) == 0 {
+		return
+	}
+	req := make([]ctrl.BadReplica, 0, len(todo))
+	seen := map[ctrl.BadReplica]bool{}
+	for _, b := range todo {
+		k := ctrl.BadReplica{Slab: b.slab, Server: b.server}
+		if !seen[k] {
+			seen[k] = true
+			req = append(req, k)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	kept, err := s.ctrl.ReplicasBad(ctx, s.session.ID, req)
+	cancel()
+	if err != nil {
+		if !errors.Is(err, ctrl.ErrNotFound) { // else the session is gone: maintain says so
+			s.cfg.Logf("farmem: reporting %d bad copies to the ctrl (retrying): %v", len(req), err)
 			s.badMu.Lock()
-			s.bad = append(keep, s.bad...)
+			s.bad = append(todo, s.bad...)
 			s.badMu.Unlock()
-			return
+		}
+		return
+	}
+	for _, k := range kept {
+		// The slab's last ready copy: the ctrl keeps it, and so do we. It misses the pages
+		// whose write failed; their checksums catch it if they are read from it.
+		for _, b := range todo {
+			if b.slab == k.Slab && b.server == k.Server {
+				s.cfg.Logf("farmem: the ctrl keeps the copy of slab %d on %s: it is the slab's last ready one", b.slab, b.addr)
+				if b.rep != nil {
+					b.rep.bad.Store(false)
+				}
+			}
 		}
 	}
 }

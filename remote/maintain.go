@@ -182,7 +182,8 @@ func (s *Store) apply(slabs []ctrl.Slab) {
 	}
 }
 
-// applySlab drops the replicas the ctrl no longer lists and adds (then fills) the new ones.
+// applySlab drops the replicas the ctrl no longer lists, adds (then fills) the new ones, and
+// reports bad the ready ones it lists that we do not hold.
 func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 	listed := map[string]ctrl.Replica{}
 	for _, r := range cs.Replicas {
@@ -200,6 +201,11 @@ func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 	sl.replicas = kept
 	sl.mu.Unlock()
 	for _, r := range cs.Replicas {
+		if !have[r.Server] && r.State == ctrl.Ready {
+			// A copy the ctrl counts that we never made (its create failed): whatever became
+			// of the report that said so, say it again rather than run a copy short.
+			s.queueBad(badCopy{slab: cs.ID, server: r.Server, addr: r.Addr})
+		}
 		if have[r.Server] || r.State != ctrl.Rebuilding {
 			continue
 		}
