@@ -135,9 +135,15 @@ func (s *Store) releaseEmpty() {
 	for _, sl := range out {
 		// Its copies are dropped: a rebuild still filling one stops (copyChunk).
 		sl.mu.Lock()
+		reps := sl.replicas
 		sl.replicas = nil
 		sl.lost = errReleased
 		sl.mu.Unlock()
+		// Freed on the servers we are connected to at once (over shm this also unmaps it here,
+		// which the ctrl's word to the server would not); the ctrl tells the others.
+		for _, r := range reps {
+			r.srv.free(sl.id)
+		}
 		s.released = append(s.released, sl.id)
 	}
 	var keep []uint64
