@@ -23,8 +23,25 @@ func (s *Store) allocate(ctx context.Context) (*slab, error) {
 	s.growMu.Lock()
 	defer s.growMu.Unlock()
 	var errs []string // why the last slab got no replica
+	var ctrlErr error // the last ctrl failure worth another try
 	for {
-		cs, err := s.ctrl.AllocSlab(ctx, s.session.ID, s.cfg.Replicas)
+		actx, cancel := context.WithTimeout(ctx, allocAttempt)
+		cs, err := s.ctrl.AllocSlab(actx, s.session.ID, s.cfg.Replicas)
+		cancel()
+		if err != nil && ctx.Err() == nil && allocRetryable(err) {
+			// A ctrl that cannot save (cut off from its store: it steps down once its lease
+			// ends) or that did not answer in time: ask again, and the client moves on to the
+			// leader once this one refuses. The program waits meanwhile rather than stop.
+			if ctrlErr == nil {
+				s.cfg.Logf("farmem: allocating a slab: %v; asking again", err)
+			}
+			ctrlErr = err
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil && len(errs) > 0 {
 				// The time ran out between two tries (so this request failed at once): the
@@ -63,6 +80,22 @@ func (s *Store) allocate(ctx context.Context) (*slab, error) {
 	}
 }
 
+// allocAttempt bounds one request for a slab: a ctrl that holds it longer is cut off from its
+// store, and another ctrl leads, or soon will.
+const allocAttempt = 5 * time.Second
+
+// allocRetryable is an AllocSlab failure that another try may not meet: the ctrl could not
+// save, did not answer, could not be reached, or no ctrl leads yet. No room, a session the ctrl
+// ended and a refused token are final.
+func allocRetryable(err error) bool {
+	for _, final := range []error{ctrl.ErrNoRoom, ctrl.ErrNotFound, ctrl.ErrUnauthorized, ctrl.ErrBadRequest} {
+		if errors.Is(err, final) {
+			return false
+		}
+	}
+	return true
+}
+
 func (s *Store) create(srv *server, g *fabric.Grant) error {
 	t, err := srv.transport()
 	if err != nil {
@@ -90,7 +123,7 @@ func (s *Store) maintain() {
 	var gen uint64
 	var ctrlErr error
 	for {
-		s.keepSpare()
+		s.keepSpareAsync()
 		select {
 		case <-s.stop:
 			return
@@ -122,9 +155,27 @@ func (s *Store) maintain() {
 	}
 }
 
+// keepSpareAsync runs keepSpare beside maintain, unless one runs: an allocation waits on the
+// ctrl (and on a ctrl that is cut off from its store, until the request times out), and the
+// session's heartbeats must go on meanwhile, or the ctrl ends the session.
+func (s *Store) keepSpareAsync() {
+	if !s.sparing.CompareAndSwap(false, true) {
+		return
+	}
+	s.done.Add(1)
+	go func() {
+		defer s.done.Done()
+		defer s.sparing.Store(false)
+		s.keepSpare()
+	}()
+}
+
 // keepSpare allocates the next slab once none is spare and the current ones are half used.
 func (s *Store) keepSpare() {
-	if len(s.spare) > 0 {
+	s.spareMu.Lock()
+	have := s.spare != nil
+	s.spareMu.Unlock()
+	if have {
 		return
 	}
 	s.mu.Lock()
@@ -146,7 +197,9 @@ func (s *Store) keepSpare() {
 		s.cfg.Logf("farmem: could not allocate a spare slab ahead of need: %v", err)
 		return
 	}
-	s.spare <- sl
+	s.spareMu.Lock()
+	s.spare = sl // only one keepSpare runs at a time, and only it sets the spare
+	s.spareMu.Unlock()
 }
 
 // apply brings our slabs in line with the ctrl's map.
@@ -159,12 +212,11 @@ func (s *Store) apply(slabs []ctrl.Slab) {
 		}
 	}
 	s.mu.Unlock()
-	select {
-	case sl := <-s.spare:
+	s.spareMu.Lock()
+	if sl := s.spare; sl != nil {
 		mine[sl.id] = sl
-		s.spare <- sl
-	default:
 	}
+	s.spareMu.Unlock()
 	for _, cs := range slabs {
 		sl := mine[cs.ID]
 		if sl == nil {

@@ -4,8 +4,9 @@
 // and another replica used.
 //
 // Lock order: Store.mu, then slab.mu, then server.mu. Network I/O never happens under
-// Store.mu: it only hands out and takes back slots. Store.badMu is innermost: taken alone, or
-// under Store.mu when an allocation (grow) queues a copy it could not create.
+// Store.mu: it only hands out and takes back slots. Store.badMu and Store.spareMu are innermost:
+// taken alone, or under Store.mu when an allocation (grow) takes the spare slab or queues a
+// copy it could not create.
 //
 // A copy that a write failed on while the write as a whole succeeded (another ready copy took
 // it), or that could not be created, is reported to the ctrl as bad (bad.go): its server may be
@@ -68,13 +69,15 @@ type Store struct {
 	empty    int
 	released []uint64 // slabs given back that the ctrl has yet to hear of; maintain's alone
 
-	spare  chan *slab   // a slab allocated ahead of need (capacity 1)
-	growMu sync.Mutex   // one allocation at a time
-	stored atomic.Int64 // slots in use
-	lost   chan error   // receives the first loss of pages; capacity 1
-	closed atomic.Bool
-	stop   chan struct{}
-	done   sync.WaitGroup
+	spareMu sync.Mutex
+	spare   *slab        // protected by spareMu: a slab allocated ahead of need, or nil
+	sparing atomic.Bool  // a keepSpare runs (one at a time, beside maintain)
+	growMu  sync.Mutex   // one allocation at a time
+	stored  atomic.Int64 // slots in use
+	lost    chan error   // receives the first loss of pages; capacity 1
+	closed  atomic.Bool
+	stop    chan struct{}
+	done    sync.WaitGroup
 
 	badMu sync.Mutex
 	bad   []badCopy     // protected by badMu: copies to report to the ctrl (maintain sends them)
@@ -99,7 +102,7 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token, cfg.CA), spare: make(chan *slab, 1),
+	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token, cfg.CA),
 		lost: make(chan error, 1), stop: make(chan struct{}), wake: make(chan struct{}, 1)}
 	// Two ctrl calls, each bounded at 15 s by the client, share this budget: a ctrl slow to
 	// save the session should not leave the first slab's request no time of its own.
@@ -138,14 +141,17 @@ func (s *Store) reportLost(err error) {
 }
 
 // grow returns the spare slab, or allocates one now if none is ready. Called with mu held: the
-// wait (a ctrl round trip and creates on the servers) is rare, because maintain keeps a spare.
+// wait (a ctrl round trip and creates on the servers) is rare, because maintain keeps a spare;
+// it may last while the ctrls elect a new leader.
 func (s *Store) grow() (*slab, error) {
-	select {
-	case sl := <-s.spare:
+	s.spareMu.Lock()
+	sl := s.spare
+	s.spare = nil
+	s.spareMu.Unlock()
+	if sl != nil {
 		return sl, nil
-	default:
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return s.allocate(ctx)
 }
