@@ -526,6 +526,13 @@ func TestClusterCtrlFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
+	defer func() {
+		if t.Failed() {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Logf("farmem: %s", out.String())
+		}
+	}()
 	r := dialRedis(t, port)
 	r.must(t, "DEBUG", "POPULATE", "40000", "key", "400")
 	d0 := r.must(t, "DEBUG", "DIGEST")
@@ -626,6 +633,12 @@ func TestClusterCtrlFailover(t *testing.T) {
 	if log := c.ctrlLog[j].String(); !strings.Contains(log, "no longer leading") {
 		t.Errorf("the ctrl cut off from etcd never said it stopped leading:\n%s", log)
 	}
+	closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelClose()
+	if err := ctrl.NewClient(third, tok, ca).CloseSession(closeCtx, probe.ID); err != nil {
+		t.Fatal(err)
+	}
+	c.checkStatusFromEvery([]string{third}, third, 3)
 
 	r.send("SHUTDOWN", "NOSAVE")
 	err = cmd.Wait()
