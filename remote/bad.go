@@ -18,7 +18,7 @@ type badCopy struct {
 }
 
 // replicaBad marks r bad (it is read and written no more) and queues the report to the ctrl;
-// maintain sends it. Once per copy: a copy already marked is already reported.
+// housekeep sends it. Once per copy: a copy already marked is already reported.
 func (s *Store) replicaBad(sl *slab, r *replica, why error) {
 	if r.bad.Swap(true) {
 		return
@@ -39,7 +39,7 @@ func (s *Store) queueBad(b badCopy) {
 
 // sendBad reports the queued bad copies to the ctrl in one request (a server's failure is one
 // save on the ctrl, not one per slab); if the ctrl cannot be reached they wait for the next
-// round. Called by maintain only.
+// round. Called by housekeep only.
 func (s *Store) sendBad() {
 	s.badMu.Lock()
 	todo := s.bad

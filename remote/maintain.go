@@ -107,9 +107,8 @@ func (s *Store) create(srv *server, g *fabric.Grant) error {
 	return nil
 }
 
-// maintain keeps the session alive, keeps a spare slab ready so that no eviction waits on the
-// ctrl, and follows the slab map: replicas dropped with a dead server, replacements to fill,
-// slabs lost.
+// maintain keeps the session alive and follows the slab map: replicas dropped with a dead
+// server or reported bad, replacements to fill, slabs lost. housekeep does the rest.
 func (s *Store) maintain() {
 	defer s.done.Done()
 	interval := s.session.Interval()
@@ -123,15 +122,11 @@ func (s *Store) maintain() {
 	var gen uint64
 	var ctrlErr error
 	for {
-		s.keepSpareAsync()
 		select {
 		case <-s.stop:
 			return
 		case <-tick.C:
-		case <-s.wake: // a bad copy to report: the sooner it is re-placed, the shorter the window with a copy fewer
 		}
-		s.sendBad()
-		s.releaseEmpty()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		g, err := s.ctrl.SessionHeartbeat(ctx, s.session.ID)
 		if err == nil && g != gen {
@@ -155,19 +150,25 @@ func (s *Store) maintain() {
 	}
 }
 
-// keepSpareAsync runs keepSpare beside maintain, unless one runs: an allocation waits on the
-// ctrl (and on a ctrl that is cut off from its store, until the request times out), and the
-// session's heartbeats must go on meanwhile, or the ctrl ends the session.
-func (s *Store) keepSpareAsync() {
-	if !s.sparing.CompareAndSwap(false, true) {
-		return
-	}
-	s.done.Add(1)
-	go func() {
-		defer s.done.Done()
-		defer s.sparing.Store(false)
+// housekeep keeps a spare slab ready so that no eviction waits on the ctrl, reports bad copies
+// and gives emptied slabs back: beside maintain, because each of these waits on the ctrl (on a
+// ctrl cut off from its store, until the request times out), and the session's heartbeats must
+// go on meanwhile, or the ctrl ends the session.
+func (s *Store) housekeep() {
+	defer s.done.Done()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
 		s.keepSpare()
-	}()
+		s.sendBad()
+		s.releaseEmpty()
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		case <-s.wake: // a bad copy to report: the sooner it is re-placed, the shorter the window with a copy fewer
+		}
+	}
 }
 
 // keepSpare allocates the next slab once none is spare and the current ones are half used.
@@ -198,7 +199,7 @@ func (s *Store) keepSpare() {
 		return
 	}
 	s.spareMu.Lock()
-	s.spare = sl // only one keepSpare runs at a time, and only it sets the spare
+	s.spare = sl // only housekeep sets the spare
 	s.spareMu.Unlock()
 }
 

@@ -11,7 +11,7 @@
 // A copy that a write failed on while the write as a whole succeeded (another ready copy took
 // it), or that could not be created, is reported to the ctrl as bad (bad.go): its server may be
 // alive, so no death would drop it, yet it misses pages. The ctrl places a replacement, which
-// maintain fills as after a server's death.
+// maintain fills as after a server's death; housekeep sends the reports.
 //
 // A slot names a page of a slab: the slab's index in Store.slabs (plus one; zero is never a
 // slot) in the high 32 bits, the page in the low; the index of a slab given back to the ctrl
@@ -67,11 +67,10 @@ type Store struct {
 	room     []uint64
 	roomFrom int
 	empty    int
-	released []uint64 // slabs given back that the ctrl has yet to hear of; maintain's alone
+	released []uint64 // slabs given back that the ctrl has yet to hear of; housekeep's alone
 
 	spareMu sync.Mutex
 	spare   *slab        // protected by spareMu: a slab allocated ahead of need, or nil
-	sparing atomic.Bool  // a keepSpare runs (one at a time, beside maintain)
 	growMu  sync.Mutex   // one allocation at a time
 	stored  atomic.Int64 // slots in use
 	lost    chan error   // receives the first loss of pages; capacity 1
@@ -80,8 +79,8 @@ type Store struct {
 	done    sync.WaitGroup
 
 	badMu sync.Mutex
-	bad   []badCopy     // protected by badMu: copies to report to the ctrl (maintain sends them)
-	wake  chan struct{} // capacity 1: wakes maintain to send a report at once
+	bad   []badCopy     // protected by badMu: copies to report to the ctrl (housekeep sends them)
+	wake  chan struct{} // capacity 1: wakes housekeep to send a report at once
 }
 
 // crcTable is Castagnoli: hardware-accelerated on every machine farmem runs on.
@@ -121,8 +120,9 @@ func Open(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.install(first)
-	s.done.Add(1)
+	s.done.Add(2)
 	go s.maintain()
+	go s.housekeep()
 	return s, nil
 }
 
@@ -141,7 +141,7 @@ func (s *Store) reportLost(err error) {
 }
 
 // grow returns the spare slab, or allocates one now if none is ready. Called with mu held: the
-// wait (a ctrl round trip and creates on the servers) is rare, because maintain keeps a spare;
+// wait (a ctrl round trip and creates on the servers) is rare, because housekeep keeps a spare;
 // it may last while the ctrls elect a new leader.
 func (s *Store) grow() (*slab, error) {
 	s.spareMu.Lock()
@@ -266,7 +266,7 @@ func (s *Store) LoadBatch(slots []backend.Slot, dst []byte) error {
 
 // Free implements backend.Backend. The slot is reused by a later Store, which overwrites it on
 // every replica; the servers are not told. A slab left with no page in use is given back to
-// the ctrl by maintain (releaseEmpty).
+// the ctrl by housekeep (releaseEmpty).
 func (s *Store) Free(slots ...backend.Slot) {
 	s.mu.Lock()
 	s.giveBack(slots)
