@@ -9,7 +9,8 @@ import (
 )
 
 // badCopy is a copy of a slab the ctrl must re-place: a write to it failed while its server
-// may well be alive (so no death will drop it), or it could not even be created.
+// may well be alive (so no death will drop it), its server said it no longer holds it, or it
+// could not even be created.
 type badCopy struct {
 	slab   uint64
 	server string   // instance id
@@ -23,7 +24,7 @@ func (s *Store) replicaBad(sl *slab, r *replica, why error) {
 	if r.bad.Swap(true) {
 		return
 	}
-	s.cfg.Logf("farmem: a write to the copy of slab %d on %s failed (%v): telling the ctrl, which places a replacement", sl.id, r.srv.addr, why)
+	s.cfg.Logf("farmem: the copy of slab %d on %s cannot be used (%v): telling the ctrl, which places a replacement", sl.id, r.srv.addr, why)
 	s.queueBad(badCopy{slab: sl.id, server: r.srv.id, addr: r.srv.addr, rep: r})
 }
 

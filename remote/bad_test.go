@@ -183,3 +183,36 @@ func TestEmptySlabsGivenBack(t *testing.T) {
 		t.Fatalf("Stored() = %d, want %d", s.Stored(), len(pages))
 	}
 }
+
+// A copy a live server no longer holds is found by a read as well (the server refuses: no such
+// slab): the read fails over to the other copy, and the copy is re-placed and filled without
+// any write to the slab.
+func TestGoneCopyFoundByReadIsReplaced(t *testing.T) {
+	c := newCluster(t, 3)
+	s := c.open(2)
+	pages := storePages(t, s, 31, 600)
+	var slot backend.Slot
+	for sl := range pages {
+		slot = sl
+		break
+	}
+	addr, _, _, ok := s.DescribeLoad(slot)
+	if !ok {
+		t.Fatal("no copy to read from")
+	}
+	sb, _, err := s.slot(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.byAddr(addr).srv.FreeSlab(sb.id) // the copy the next read prefers
+	verify(t, s, pages)
+	c.whole(s, 2)
+	sb.mu.RLock()
+	for _, r := range sb.replicas {
+		if r.srv.addr == addr {
+			t.Errorf("slab %d still has a copy on %s, which no longer held it", sb.id, addr)
+		}
+	}
+	sb.mu.RUnlock()
+	verify(t, s, pages)
+}

@@ -50,7 +50,7 @@ func (s *Store) allocate(ctx context.Context) (*slab, error) {
 			}
 			return nil, fmt.Errorf("no room for evicted pages in the cluster: %w", err)
 		}
-		sl := newSlab(cs.ID, cs.Pages)
+		sl := newSlab(s, cs.ID, cs.Pages)
 		errs = errs[:0]
 		var failed []ctrl.Replica
 		for _, r := range cs.Replicas {

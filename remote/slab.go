@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 // slab is one of the session's slabs and its copies.
 type slab struct {
+	owner *Store // reports bad copies (nil in tests that make slabs alone)
 	id    uint64
 	pages uint32
 	used  uint32   // protected by Store.mu: pages handed out so far (slot pages below it)
@@ -34,8 +36,8 @@ type slab struct {
 type replica struct {
 	srv   *server
 	ready bool // protected by slab.mu; false while it is being filled (rebuild): written to, never read from
-	// bad is set once a write to this copy failed while the slab's write as a whole succeeded:
-	// the copy misses pages, so it is neither read nor written again, and the ctrl is told
+	// bad is set once a write to this copy failed while the slab's write as a whole succeeded,
+	// or its server said it no longer holds the slab: the copy misses pages, so it is neither read nor written again, and the ctrl is told
 	// (Store.replicaBad) so that it places a replacement. Atomic: set under slab.mu's read lock.
 	bad atomic.Bool
 }
@@ -49,8 +51,28 @@ type failedWrite struct {
 // usable is a copy to read from (and to copy from in a rebuild). Called with slab.mu held.
 func (r *replica) usable() bool { return r.ready && !r.bad.Load() }
 
-func newSlab(id uint64, pages uint32) *slab {
-	return &slab{id: id, pages: pages, sums: make([]atomic.Uint32, pages)}
+func newSlab(owner *Store, id uint64, pages uint32) *slab {
+	return &slab{owner: owner, id: id, pages: pages, sums: make([]atomic.Uint32, pages)}
+}
+
+// goneFrom is a read's refusal that says the server no longer holds the slab for us: the copy
+// is gone though the server lives (it freed it), so it is reported bad like a failed write.
+func (sl *slab) goneFrom(srv *server, err error) {
+	var re *fabric.RemoteError
+	if !errors.As(err, &re) || re.Status != fabric.StatusNoSlab || sl.owner == nil {
+		return
+	}
+	sl.mu.RLock()
+	var gone *replica
+	for _, r := range sl.replicas {
+		if r.srv == srv {
+			gone = r
+		}
+	}
+	sl.mu.RUnlock()
+	if gone != nil {
+		sl.owner.replicaBad(sl, gone, err)
+	}
 }
 
 // write stores data (one page for each of pages) on every replica not known bad, in parallel.
@@ -134,6 +156,8 @@ func (sl *slab) read(pg uint32, dst []byte, tc *fabric.TraceContext) (*server, e
 			}
 			srv.corrupt.Add(1)
 			err = fmt.Errorf("memory server %s returned page %d of slab %d with a wrong checksum", srv.addr, pg, sl.id)
+		} else {
+			sl.goneFrom(srv, err)
 		}
 		msgs = append(msgs, err.Error())
 	}
@@ -182,6 +206,7 @@ func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
 		addrs = append(addrs, fabric.Addr{Slab: sl.id, Page: uint32(s)})
 	}
 	if err := best.readMany(addrs, dst, nil); err != nil {
+		sl.goneFrom(best, err)
 		return err
 	}
 	for i, a := range addrs {
