@@ -82,6 +82,19 @@ type Slab struct {
 	LostServers []string `json:"lost_servers"`
 }
 
+// BadReplica names a copy of a slab that a client could not write or create
+// (POST /v1/sessions/{id}/bad, {"replicas": [BadReplica...]}).
+type BadReplica struct {
+	Slab   uint64 `json:"slab"`
+	Server string `json:"server"` // memory server instance id
+}
+
+// BadReply is the reply to a replica-bad report: the copies the ctrl kept, each its slab's last
+// ready copy; every other one named was dropped and replaced (or was gone already).
+type BadReply struct {
+	Kept []BadReplica `json:"kept"`
+}
+
 // SlabMap is the reply to GET /v1/sessions/{id}/slabs.
 type SlabMap struct {
 	Generation uint64 `json:"generation"`

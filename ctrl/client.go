@@ -277,6 +277,16 @@ func (c *Client) ReplicaReady(ctx context.Context, id fabric.SessionID, slab uin
 	return c.do(ctx, "POST", "/v1/sessions/"+id.String()+"/slabs/"+strconv.FormatUint(slab, 10)+"/ready", map[string]string{"server": server}, nil)
 }
 
+// ReplicasBad reports copies of the session's slabs that a write to, or their creation, failed
+// while the program runs: the ctrl drops them and places replacements (the slab map's
+// generation moves), which the client fills from a good copy as after a server's death.
+// Repeating it is harmless. kept: the copies the ctrl kept, each its slab's last ready one.
+func (c *Client) ReplicasBad(ctx context.Context, id fabric.SessionID, bad []BadReplica) (kept []BadReplica, err error) {
+	var out BadReply
+	err = c.do(ctx, "POST", "/v1/sessions/"+id.String()+"/bad", map[string][]BadReplica{"replicas": bad}, &out)
+	return out.Kept, err
+}
+
 // FreeSlab releases a slab; its servers free it after their next heartbeat.
 func (c *Client) FreeSlab(ctx context.Context, id fabric.SessionID, slab uint64) error {
 	return c.do(ctx, "DELETE", "/v1/sessions/"+id.String()+"/slabs/"+strconv.FormatUint(slab, 10), nil, nil)

@@ -96,10 +96,15 @@ type slab struct {
 	replicas []replica // in placement order, on distinct servers
 	lost     bool
 	// downFrom names (by address) the dead servers that held a ready copy since the slab was
-	// last whole: if no copy survives they are what the client names when it stops.
+	// last whole, and the servers whose ready copy was reported bad: if no copy survives they
+	// are what the client names when it stops.
 	downFrom    []string
 	lostServers []string
 	stuck       bool // a replacement found no room; logged once until it is placed
+	// avoid names (by instance id) the live servers whose copy the client reported bad since
+	// the slab was last whole: a replacement is not placed there again. Dead servers need no
+	// entry, they are never candidates.
+	avoid []string
 }
 
 type replica struct {
@@ -287,7 +292,7 @@ func (c *Cluster) candidates(sl *slab) []*server {
 	var out []*server
 	for _, id := range sortedKeys(c.servers) {
 		s := c.servers[id]
-		if s.dead || s.placed[sl.id] != nil || c.free(s) < uint64(sl.pages) {
+		if s.dead || s.placed[sl.id] != nil || c.free(s) < uint64(sl.pages) || slices.Contains(sl.avoid, s.id) {
 			continue
 		}
 		out = append(out, s)
@@ -491,13 +496,56 @@ func (c *Cluster) ReplicaReady(now time.Time, id fabric.SessionID, slabID uint64
 		if r.state != Ready {
 			sl.replicas[i].state = Ready
 			if sl.ready() >= sl.want {
-				sl.downFrom = nil
+				sl.downFrom, sl.avoid = nil, nil
 			}
 			c.changed()
 		}
 		return nil
 	}
 	return errorf(ErrConflict, "slab %d has no replica on server %s any more (the server died or the replica was re-placed): refetch the slab map", slabID, serverID)
+}
+
+// ReplicasBad drops copies of the session's slabs on live servers after the client failed to
+// write them there, or to create them (their servers may stay up, so no death will drop them):
+// those copies miss pages. Each slab gets a replacement on another server as if the copy's
+// server had died — placed now if there is room — and the client fills it from a good copy.
+// The servers are told to free the bad copies in their next heartbeat reply. One call takes
+// every copy a client found bad since its last, so that a server's failure costs one save, not
+// one per slab. Saying it twice is harmless: a copy already dropped (its server died, an
+// earlier report, its slab freed) is not there to drop. The last ready copy of a slab is never
+// dropped — with nothing to rebuild from the slab would be lost, and a copy that missed one
+// write still holds every other page — and comes back in kept.
+func (c *Cluster) ReplicasBad(now time.Time, id fabric.SessionID, bad []BadReplica) (kept []BadReplica, err error) {
+	ss, err := c.session(now, id)
+	if err != nil {
+		return nil, err
+	}
+	kept = []BadReplica{}
+	for _, b := range bad {
+		sl := ss.slabs[b.Slab]
+		s := c.servers[b.Server]
+		if sl == nil || sl.lost || s == nil || s.placed[sl.id] != sl {
+			continue
+		}
+		if sl.ready() == 1 && slices.Contains(sl.replicas, replica{server: s.id, state: Ready}) {
+			kept = append(kept, b)
+			continue
+		}
+		if c.dropReplica(sl, s) == Ready {
+			// Should the other copies go too, this one is among those the client names: it may
+			// be gone with its server (a dying server's writes fail first), or it misses pages.
+			sl.downFrom = append(sl.downFrom, s.addr)
+		}
+		if !slices.Contains(sl.avoid, s.id) {
+			sl.avoid = append(sl.avoid, s.id)
+		}
+		sl.sess.gen++
+		c.degraded[sl.id] = sl
+		c.changed()
+		c.eventf(now, "slab %d of session %s (%s): its copy on %s (%s) was reported bad (a write to it or its creation failed); placing a replacement", sl.id, sl.sess.id, sl.sess.name, s.addr, s.id)
+	}
+	c.rereplicate(now)
+	return kept, nil
 }
 
 // FreeSlab releases a slab: its servers are told to free it in their next heartbeat reply.

@@ -1,6 +1,13 @@
 // Package ctrl is farmem's control plane: memory-server membership and health, slab placement
 // by power of two choices on free memory, replicas on distinct servers, re-replication after a
-// server dies, state kept across restarts, and the HTTP/JSON API behind `farmem status`.
+// server dies or after a client reports a copy bad (a write to it failed, or it could not be
+// created, while its server may live on: the copy is dropped and a replacement placed by the
+// same rules, never on that server again until the slab is whole), state kept across restarts,
+// and the HTTP/JSON API behind `farmem status`.
+//
+// Fields. Every field of Cluster and of the server, session and slab values it owns is guarded
+// by Service.mu when a Service runs it (cluster.go); Service's own fields say which of mu and
+// saveMu guards each (service.go); the election's leading and leaderName are atomics.
 //
 // Lock order. Service.mu is the innermost lock: no I/O, no logging and no other lock is taken
 // while it is held.
@@ -67,13 +74,15 @@
 //	POST   /v1/sessions/{id}/slabs            {"replicas"} → Slab (503: not enough live servers with room)
 //	GET    /v1/sessions/{id}/slabs            → SlabMap
 //	POST   /v1/sessions/{id}/slabs/{slab}/ready  {"server"} → {}
+//	POST   /v1/sessions/{id}/bad              {"replicas": [{"slab", "server"}]} → {"kept": [...]} (copies a write or create failed on: re-placed; the last ready copy is kept)
 //	DELETE /v1/sessions/{id}/slabs/{slab}     → {}
 //	DELETE /v1/sessions/{id}                  → {}
 //	GET    /v1/status                         → Status
 //
 // A session's generation moves when its slab map changes behind the client's back (a replica
-// dropped, a replacement placed, a slab lost), not for the client's own allocations, frees or
-// ReplicaReady calls: the client refetches the map only when its heartbeat shows a new one.
+// dropped, a replacement placed, a slab lost) or after a replica-bad report (the replacement is
+// placed by the ctrl), not for the client's own allocations, frees or ReplicaReady calls: the
+// client refetches the map only when its heartbeat shows a new one.
 //
 // The ctrl is not on the fault path: clients cache their slab map and allocate ahead of need,
 // and memory servers check the ctrl's signed grants themselves.

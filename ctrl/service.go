@@ -445,6 +445,29 @@ func (s *Service) Handler() http.Handler {
 			return struct{}{}, c.ReplicaReady(now, id, slab, req.Server)
 		})
 	})
+	mux.HandleFunc("POST /v1/sessions/{id}/bad", func(w http.ResponseWriter, r *http.Request) {
+		id, ok := sessionParam(w, r)
+		var req struct {
+			Replicas []BadReplica `json:"replicas"`
+		}
+		if !ok || !decode(w, r, &req) {
+			return
+		}
+		if len(req.Replicas) == 0 {
+			respond(w, nil, errorf(ErrBadRequest, `a replica-bad report names the copies: {"replicas": [{"slab": N, "server": "ID"}, ...]}`))
+			return
+		}
+		for _, b := range req.Replicas {
+			if b.Server == "" || b.Slab == 0 {
+				respond(w, nil, errorf(ErrBadRequest, "a replica-bad report names each copy by slab and server instance id: got slab %d, server %q", b.Slab, b.Server))
+				return
+			}
+		}
+		s.reply(w, func(c *Cluster, now time.Time) (any, error) {
+			kept, err := c.ReplicasBad(now, id, req.Replicas)
+			return BadReply{Kept: kept}, err
+		})
+	})
 	mux.HandleFunc("DELETE /v1/sessions/{id}/slabs/{slab}", func(w http.ResponseWriter, r *http.Request) {
 		id, ok := sessionParam(w, r)
 		slab, ok2 := slabParam(w, r, ok)

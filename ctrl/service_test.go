@@ -150,6 +150,25 @@ func TestCtrlHTTPFlow(t *testing.T) {
 	if err := cl.ReplicaReady(ctx, sess.ID, sl.ID, sl.Replicas[0].Server); err != nil {
 		t.Errorf("ReplicaReady of a ready replica: %v", err)
 	}
+	// A bad copy: replaced on the third server, and the generation moves; said twice, the same.
+	for _, bad := range [][]ctrl.BadReplica{nil, {{Slab: sl.ID}}, {{Server: "a"}}} {
+		if _, err := cl.ReplicasBad(ctx, sess.ID, bad); !errors.Is(err, ctrl.ErrBadRequest) || !strings.Contains(err.Error(), "replica-bad report") {
+			t.Errorf("a replica-bad report of %+v: %v, want a bad request", bad, err)
+		}
+	}
+	for range 2 {
+		if kept, err := cl.ReplicasBad(ctx, sess.ID, []ctrl.BadReplica{{Slab: sl.ID, Server: sl.Replicas[0].Server}}); err != nil || len(kept) != 0 {
+			t.Fatalf("replica bad: kept %v, %v", kept, err)
+		}
+	}
+	if g, slabs, err := cl.Slabs(ctx, sess.ID); err != nil || g == gen || len(slabs[0].Replicas) != 2 || slabs[0].Replicas[1].State != ctrl.Rebuilding ||
+		slabs[0].Replicas[0].Server != sl.Replicas[1].Server || slabs[0].Replicas[1].Server == sl.Replicas[0].Server {
+		t.Errorf("after a replica-bad report: gen %d (was %d) %+v %v", g, gen, slabs, err)
+	}
+	last := ctrl.BadReplica{Slab: sl.ID, Server: sl.Replicas[1].Server}
+	if kept, err := cl.ReplicasBad(ctx, sess.ID, []ctrl.BadReplica{last}); err != nil || len(kept) != 1 || kept[0] != last {
+		t.Errorf("reporting the last ready copy bad: kept %v, %v; want it kept", kept, err)
+	}
 	if err := cl.FreeSlab(ctx, sess.ID, sl.ID); err != nil {
 		t.Fatal(err)
 	}

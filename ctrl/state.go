@@ -45,8 +45,9 @@ type SessionState struct {
 // SlabState is a slab as the API shows it (grants included) and what the ctrl needs besides.
 type SlabState struct {
 	Slab
-	Want     int      `json:"want"`      // replicas asked for
-	DownFrom []string `json:"down_from"` // dead servers that held a ready copy since the slab was last whole
+	Want     int      `json:"want"`            // replicas asked for
+	DownFrom []string `json:"down_from"`       // dead servers that held a ready copy since the slab was last whole
+	Avoid    []string `json:"avoid,omitempty"` // live servers whose copy was reported bad since the slab was last whole: no replacement there
 }
 
 // State returns a deep copy of the cluster's persistent state.
@@ -62,7 +63,7 @@ func (c *Cluster) State() State {
 		out := SessionState{ID: ss.id, Name: ss.name, Generation: ss.gen, Slabs: []SlabState{}}
 		for _, sid := range sortedKeys(ss.slabs) {
 			sl := ss.slabs[sid]
-			out.Slabs = append(out.Slabs, SlabState{Slab: c.render(sl), Want: sl.want, DownFrom: slices.Clone(sl.downFrom)})
+			out.Slabs = append(out.Slabs, SlabState{Slab: c.render(sl), Want: sl.want, DownFrom: slices.Clone(sl.downFrom), Avoid: slices.Clone(sl.avoid)})
 		}
 		st.Sessions = append(st.Sessions, out)
 	}
@@ -114,7 +115,7 @@ func (c *Cluster) Restore(now time.Time, st State) error {
 				return fmt.Errorf("ctrl state lists slab %d twice or with id 0", s.ID)
 			}
 			sl := &slab{id: s.ID, sess: sess, pages: s.Pages, want: max(s.Want, 1), lost: s.Lost,
-				lostServers: slices.Clone(s.LostServers), downFrom: slices.Clone(s.DownFrom)}
+				lostServers: slices.Clone(s.LostServers), downFrom: slices.Clone(s.DownFrom), avoid: slices.Clone(s.Avoid)}
 			fresh.nextSlab = max(fresh.nextSlab, s.ID+1) // never hand out an id that exists
 			sess.slabs[sl.id] = sl
 			fresh.slabs[sl.id] = sl

@@ -22,7 +22,7 @@ func (s *Store) DescribeLoad(slot backend.Slot) (server, transport string, repli
 	defer sl.mu.RUnlock()
 	best := -1
 	for i, r := range sl.replicas {
-		if r.ready && (best < 0 || preferred(r.srv, sl.replicas[best].srv)) {
+		if r.usable() && (best < 0 || preferred(r.srv, sl.replicas[best].srv)) {
 			best = i
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,16 +13,35 @@ import (
 	"github.com/farmem/farmem/fabric"
 )
 
-// allocate asks the ctrl for a slab and creates it on its replicas. A replica whose server
-// cannot be reached is left out: the ctrl may not have noticed yet that the server died, and
-// once it does it places a replacement, which maintain fills. With no replica created at all the
-// slab is given back and another asked for, until the ctx ends.
+// allocate asks the ctrl for a slab and creates it on its replicas. A replica that cannot be
+// created is left out and reported bad: its server may be dying, but it may as well stay alive
+// (a link that flapped, a server out of memory), and then no death would ever make the ctrl
+// replace it — the slab would keep a copy fewer while the ctrl counts it whole. The ctrl
+// places a replacement on another server, which maintain creates and fills. With no replica
+// created at all the slab is given back and another asked for, until the ctx ends.
 func (s *Store) allocate(ctx context.Context) (*slab, error) {
 	s.growMu.Lock()
 	defer s.growMu.Unlock()
 	var errs []string // why the last slab got no replica
+	var ctrlErr error // the last ctrl failure worth another try
 	for {
-		cs, err := s.ctrl.AllocSlab(ctx, s.session.ID, s.cfg.Replicas)
+		actx, cancel := context.WithTimeout(ctx, allocAttempt)
+		cs, err := s.ctrl.AllocSlab(actx, s.session.ID, s.cfg.Replicas)
+		cancel()
+		if err != nil && ctx.Err() == nil && allocRetryable(err) {
+			// A ctrl that cannot save (cut off from its store: it steps down once its lease
+			// ends) or that did not answer in time: ask again, and the client moves on to the
+			// leader once this one refuses. The program waits meanwhile rather than stop.
+			if ctrlErr == nil {
+				s.cfg.Logf("farmem: allocating a slab: %v; asking again", err)
+			}
+			ctrlErr = err
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+			continue
+		}
 		if err != nil {
 			if ctx.Err() != nil && len(errs) > 0 {
 				// The time ran out between two tries (so this request failed at once): the
@@ -30,19 +50,24 @@ func (s *Store) allocate(ctx context.Context) (*slab, error) {
 			}
 			return nil, fmt.Errorf("no room for evicted pages in the cluster: %w", err)
 		}
-		sl := newSlab(cs.ID, cs.Pages)
+		sl := newSlab(s, cs.ID, cs.Pages)
 		errs = errs[:0]
+		var failed []ctrl.Replica
 		for _, r := range cs.Replicas {
 			srv := s.servers.get(r.Server, r.Addr)
 			if err := s.create(srv, &r.Grant); err != nil {
 				errs = append(errs, err.Error())
+				failed = append(failed, r)
 				continue
 			}
 			sl.replicas = append(sl.replicas, &replica{srv: srv, ready: true})
 		}
 		if len(sl.replicas) > 0 {
 			if len(errs) > 0 {
-				s.cfg.Logf("farmem: slab %d placed with %d of %d copies for now: %s", cs.ID, len(sl.replicas), len(cs.Replicas), strings.Join(errs, "; "))
+				s.cfg.Logf("farmem: slab %d placed with %d of %d copies for now, asking the ctrl to re-place the others: %s", cs.ID, len(sl.replicas), len(cs.Replicas), strings.Join(errs, "; "))
+			}
+			for _, r := range failed {
+				s.queueBad(badCopy{slab: cs.ID, server: r.Server, addr: r.Addr})
 			}
 			return sl, nil
 		}
@@ -53,6 +78,22 @@ func (s *Store) allocate(ctx context.Context) (*slab, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// allocAttempt bounds one request for a slab: a ctrl that holds it longer is cut off from its
+// store, and another ctrl leads, or soon will.
+const allocAttempt = 5 * time.Second
+
+// allocRetryable is an AllocSlab failure that another try may not meet: the ctrl could not
+// save, did not answer, could not be reached, or no ctrl leads yet. No room, a session the ctrl
+// ended and a refused token are final.
+func allocRetryable(err error) bool {
+	for _, final := range []error{ctrl.ErrNoRoom, ctrl.ErrNotFound, ctrl.ErrUnauthorized, ctrl.ErrBadRequest} {
+		if errors.Is(err, final) {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Store) create(srv *server, g *fabric.Grant) error {
@@ -66,9 +107,8 @@ func (s *Store) create(srv *server, g *fabric.Grant) error {
 	return nil
 }
 
-// maintain keeps the session alive, keeps a spare slab ready so that no eviction waits on the
-// ctrl, and follows the slab map: replicas dropped with a dead server, replacements to fill,
-// slabs lost.
+// maintain keeps the session alive and follows the slab map: replicas dropped with a dead
+// server or reported bad, replacements to fill, slabs lost. housekeep does the rest.
 func (s *Store) maintain() {
 	defer s.done.Done()
 	interval := s.session.Interval()
@@ -82,7 +122,6 @@ func (s *Store) maintain() {
 	var gen uint64
 	var ctrlErr error
 	for {
-		s.keepSpare()
 		select {
 		case <-s.stop:
 			return
@@ -111,18 +150,43 @@ func (s *Store) maintain() {
 	}
 }
 
+// housekeep keeps a spare slab ready so that no eviction waits on the ctrl, reports bad copies
+// and gives emptied slabs back: beside maintain, because each of these waits on the ctrl (on a
+// ctrl cut off from its store, until the request times out), and the session's heartbeats must
+// go on meanwhile, or the ctrl ends the session.
+func (s *Store) housekeep() {
+	defer s.done.Done()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		s.keepSpare()
+		s.sendBad()
+		s.releaseEmpty()
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		case <-s.wake: // a bad copy to report: the sooner it is re-placed, the shorter the window with a copy fewer
+		}
+	}
+}
+
 // keepSpare allocates the next slab once none is spare and the current ones are half used.
 func (s *Store) keepSpare() {
-	if len(s.spare) > 0 {
+	s.spareMu.Lock()
+	have := s.spare != nil
+	s.spareMu.Unlock()
+	if have {
 		return
 	}
 	s.mu.Lock()
 	var total, used uint64
 	for _, sl := range s.slabs {
-		total += uint64(sl.pages)
-		used += uint64(sl.used)
+		if sl != nil {
+			total += uint64(sl.pages)
+			used += uint64(sl.inUse)
+		}
 	}
-	used -= uint64(len(s.free))
 	s.mu.Unlock()
 	if used*2 < total {
 		return
@@ -134,7 +198,9 @@ func (s *Store) keepSpare() {
 		s.cfg.Logf("farmem: could not allocate a spare slab ahead of need: %v", err)
 		return
 	}
-	s.spare <- sl
+	s.spareMu.Lock()
+	s.spare = sl // only housekeep sets the spare
+	s.spareMu.Unlock()
 }
 
 // apply brings our slabs in line with the ctrl's map.
@@ -142,15 +208,16 @@ func (s *Store) apply(slabs []ctrl.Slab) {
 	s.mu.Lock()
 	mine := make(map[uint64]*slab, len(s.slabs)+1)
 	for _, sl := range s.slabs {
-		mine[sl.id] = sl
+		if sl != nil {
+			mine[sl.id] = sl
+		}
 	}
 	s.mu.Unlock()
-	select {
-	case sl := <-s.spare:
+	s.spareMu.Lock()
+	if sl := s.spare; sl != nil {
 		mine[sl.id] = sl
-		s.spare <- sl
-	default:
 	}
+	s.spareMu.Unlock()
 	for _, cs := range slabs {
 		sl := mine[cs.ID]
 		if sl == nil {
@@ -168,7 +235,8 @@ func (s *Store) apply(slabs []ctrl.Slab) {
 	}
 }
 
-// applySlab drops the replicas the ctrl no longer lists and adds (then fills) the new ones.
+// applySlab drops the replicas the ctrl no longer lists, adds (then fills) the new ones, and
+// reports bad the ready ones it lists that we do not hold.
 func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 	listed := map[string]ctrl.Replica{}
 	for _, r := range cs.Replicas {
@@ -186,12 +254,19 @@ func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 	sl.replicas = kept
 	sl.mu.Unlock()
 	for _, r := range cs.Replicas {
+		if !have[r.Server] && r.State == ctrl.Ready {
+			// A copy the ctrl counts that we never made (its create failed): whatever became
+			// of the report that said so, say it again rather than run a copy short.
+			s.queueBad(badCopy{slab: cs.ID, server: r.Server, addr: r.Addr})
+		}
 		if have[r.Server] || r.State != ctrl.Rebuilding {
 			continue
 		}
 		srv := s.servers.get(r.Server, r.Addr)
 		if err := s.create(srv, &r.Grant); err != nil {
-			s.cfg.Logf("farmem: cannot create replacement copy of slab %d on %s: %v", cs.ID, r.Addr, err)
+			// Left as it is, the ctrl would wait for it forever: ask for another.
+			s.cfg.Logf("farmem: cannot create replacement copy of slab %d on %s, asking the ctrl for another: %v", cs.ID, r.Addr, err)
+			s.queueBad(badCopy{slab: cs.ID, server: r.Server, addr: r.Addr})
 			continue
 		}
 		// From here on every Store of this slab writes the new copy too; the pages stored
@@ -204,6 +279,11 @@ func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 		go func() {
 			defer s.done.Done()
 			if err := s.rebuild(sl, nr); err != nil {
+				var de destError
+				if errors.As(err, &de) {
+					s.replicaBad(sl, nr, de.err) // the ctrl places another
+					return
+				}
 				s.cfg.Logf("farmem: filling the replacement copy of slab %d on %s failed: %v", sl.id, srv.addr, err)
 				return
 			}
@@ -252,9 +332,12 @@ func (s *Store) rebuild(sl *slab, nr *replica) error {
 func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte) error {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
+	if nr.bad.Load() || !slices.Contains(sl.replicas, nr) {
+		return errors.New("the copy was reported bad or dropped meanwhile")
+	}
 	var err error
 	for _, r := range sl.replicas {
-		if !r.ready {
+		if !r.usable() {
 			continue
 		}
 		var t fabric.Transport
@@ -265,10 +348,18 @@ func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte
 			r.srv.failed(err)
 			continue
 		}
-		return nr.srv.write(addrs, buf)
+		if err = nr.srv.write(addrs, buf); err != nil {
+			return destError{err}
+		}
+		return nil
 	}
 	if err == nil {
 		err = errors.New("no ready copy to copy from")
 	}
 	return err
 }
+
+// destError is a rebuild's failure to write the copy it fills (not to read the one it copies).
+type destError struct{ err error }
+
+func (e destError) Error() string { return e.err.Error() }

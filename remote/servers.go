@@ -117,6 +117,20 @@ func (sv *server) write(addrs []fabric.Addr, data []byte) error {
 	return nil
 }
 
+// free frees a slab on the server if we are connected to it and it has not failed: best
+// effort, the ctrl has the server free it anyway.
+func (sv *server) free(slab uint64) {
+	sv.mu.Lock()
+	t := sv.t
+	if sv.down != nil {
+		t = nil
+	}
+	sv.mu.Unlock()
+	if t != nil {
+		t.Free(slab)
+	}
+}
+
 func (sv *server) read(a fabric.Addr, dst []byte, tc *fabric.TraceContext) error {
 	addrs := [1]fabric.Addr{a}
 	return sv.readMany(addrs[:], dst, tc)

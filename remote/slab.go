@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"strings"
@@ -13,9 +14,12 @@ import (
 
 // slab is one of the session's slabs and its copies.
 type slab struct {
+	owner *Store // reports bad copies (nil in tests that make slabs alone)
 	id    uint64
 	pages uint32
-	used  uint32 // protected by Store.mu: slots handed out so far (slot pages below it)
+	used  uint32   // protected by Store.mu: pages handed out so far (slot pages below it)
+	free  []uint32 // protected by Store.mu: pages below used freed since, handed out first
+	inUse uint32   // protected by Store.mu: pages handed out and not freed
 
 	// mu is held for reading by every Store write to the slab and for writing by each chunk of a
 	// rebuild copy, so a copy never interleaves with a write of the same pages (maintain.go).
@@ -31,17 +35,51 @@ type slab struct {
 // replica is a copy of a slab on one server.
 type replica struct {
 	srv   *server
-	ready bool // false while it is being filled (rebuild): written to, never read from
+	ready bool // protected by slab.mu; false while it is being filled (rebuild): written to, never read from
+	// bad is set once a write to this copy failed while the slab's write as a whole succeeded,
+	// or its server said it no longer holds the slab: the copy misses pages, so it is neither read nor written again, and the ctrl is told
+	// (Store.replicaBad) so that it places a replacement. Atomic: set under slab.mu's read lock.
+	bad atomic.Bool
 }
 
-func newSlab(id uint64, pages uint32) *slab {
-	return &slab{id: id, pages: pages, sums: make([]atomic.Uint32, pages)}
+// failedWrite is a copy a write failed on, and why.
+type failedWrite struct {
+	r   *replica
+	err error
 }
 
-// write stores data (one page for each of pages) on every replica, in parallel. It
-// succeeds when at least one ready copy took it: a server that fails is not used again, and
-// the ctrl restores the replica count once it declares that server dead.
-func (sl *slab) write(pages []uint32, data []byte) error {
+// usable is a copy to read from (and to copy from in a rebuild). Called with slab.mu held.
+func (r *replica) usable() bool { return r.ready && !r.bad.Load() }
+
+func newSlab(owner *Store, id uint64, pages uint32) *slab {
+	return &slab{owner: owner, id: id, pages: pages, sums: make([]atomic.Uint32, pages)}
+}
+
+// goneFrom is a read's refusal that says the server no longer holds the slab for us: the copy
+// is gone though the server lives (it freed it), so it is reported bad like a failed write.
+func (sl *slab) goneFrom(srv *server, err error) {
+	var re *fabric.RemoteError
+	if !errors.As(err, &re) || re.Status != fabric.StatusNoSlab || sl.owner == nil {
+		return
+	}
+	sl.mu.RLock()
+	var gone *replica
+	for _, r := range sl.replicas {
+		if r.srv == srv {
+			gone = r
+		}
+	}
+	sl.mu.RUnlock()
+	if gone != nil {
+		sl.owner.replicaBad(sl, gone, err)
+	}
+}
+
+// write stores data (one page for each of pages) on every replica not known bad, in parallel.
+// It succeeds when at least one ready copy took it; then the copies that failed it miss these
+// pages, and come back in failed for the caller to report. A server that fails is also not
+// preferred for reads again.
+func (sl *slab) write(pages []uint32, data []byte) (failed []failedWrite, err error) {
 	addrs := make([]fabric.Addr, len(pages))
 	for i, pg := range pages {
 		addrs[i] = fabric.Addr{Slab: sl.id, Page: pg}
@@ -50,32 +88,44 @@ func (sl *slab) write(pages []uint32, data []byte) error {
 	sl.mu.RLock()
 	defer sl.mu.RUnlock()
 	if sl.lost != nil {
-		return sl.lost
+		return nil, sl.lost
 	}
-	if len(sl.replicas) == 0 {
-		return fmt.Errorf("remote: no copy of slab %d is left to write", sl.id)
+	var stack [4]*replica
+	to := stack[:0]
+	for _, r := range sl.replicas {
+		if !r.bad.Load() {
+			to = append(to, r)
+		}
 	}
-	errs := make([]error, len(sl.replicas))
+	if len(to) == 0 {
+		return nil, fmt.Errorf("remote: no copy of slab %d is left to write", sl.id)
+	}
+	errs := make([]error, len(to))
 	var wg sync.WaitGroup
-	for i, r := range sl.replicas[1:] {
+	for i, r := range to[1:] {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			errs[i+1] = r.srv.write(addrs, data)
 		}()
 	}
-	errs[0] = sl.replicas[0].srv.write(addrs, data)
+	errs[0] = to[0].srv.write(addrs, data)
 	wg.Wait()
 	var msgs []string
-	for i, r := range sl.replicas {
+	ok := false
+	for i, r := range to {
 		if errs[i] == nil && r.ready {
-			return nil
+			ok = true
 		}
 		if errs[i] != nil {
 			msgs = append(msgs, errs[i].Error())
+			failed = append(failed, failedWrite{r, errs[i]})
 		}
 	}
-	return fmt.Errorf("remote: no copy of slab %d could be written: %s", sl.id, strings.Join(msgs, "; "))
+	if !ok {
+		return nil, fmt.Errorf("remote: no copy of slab %d could be written: %s", sl.id, strings.Join(msgs, "; "))
+	}
+	return failed, nil
 }
 
 // read fills dst with a page from the fastest ready copy whose bytes match the page's sum,
@@ -87,7 +137,7 @@ func (sl *slab) read(pg uint32, dst []byte, tc *fabric.TraceContext) (*server, e
 	var cand [4]*server
 	order := cand[:0]
 	for _, r := range sl.replicas {
-		if r.ready {
+		if r.usable() {
 			order = append(order, r.srv)
 		}
 	}
@@ -106,6 +156,8 @@ func (sl *slab) read(pg uint32, dst []byte, tc *fabric.TraceContext) (*server, e
 			}
 			srv.corrupt.Add(1)
 			err = fmt.Errorf("memory server %s returned page %d of slab %d with a wrong checksum", srv.addr, pg, sl.id)
+		} else {
+			sl.goneFrom(srv, err)
 		}
 		msgs = append(msgs, err.Error())
 	}
@@ -134,7 +186,7 @@ func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
 	lost := sl.lost
 	var best *server
 	for _, r := range sl.replicas {
-		if r.ready && (best == nil || preferred(r.srv, best)) {
+		if r.usable() && (best == nil || preferred(r.srv, best)) {
 			best = r.srv
 		}
 	}
@@ -154,6 +206,7 @@ func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
 		addrs = append(addrs, fabric.Addr{Slab: sl.id, Page: uint32(s)})
 	}
 	if err := best.readMany(addrs, dst, nil); err != nil {
+		sl.goneFrom(best, err)
 		return err
 	}
 	for i, a := range addrs {

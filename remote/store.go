@@ -4,10 +4,19 @@
 // and another replica used.
 //
 // Lock order: Store.mu, then slab.mu, then server.mu. Network I/O never happens under
-// Store.mu: it only hands out and takes back slots.
+// Store.mu: it only hands out and takes back slots. Store.badMu and Store.spareMu are innermost:
+// taken alone, or under Store.mu when an allocation (grow) takes the spare slab or queues a
+// copy it could not create.
+//
+// A copy that a write failed on while the write as a whole succeeded (another ready copy took
+// it), or that could not be created, is reported to the ctrl as bad (bad.go): its server may be
+// alive, so no death would drop it, yet it misses pages. The ctrl places a replacement, which
+// maintain fills as after a server's death; housekeep sends the reports.
 //
 // A slot names a page of a slab: the slab's index in Store.slabs (plus one; zero is never a
-// slot) in the high 32 bits, the page in the low. Slots are written once, by Store, and read
+// slot) in the high 32 bits, the page in the low; the index of a slab given back to the ctrl
+// (slots.go) is reused by a later slab, which cannot happen while a slot of it is in use. Slots
+// are written once, by Store, and read
 // until freed; a freed slot is reused only by a later Store, which writes every replica again.
 // That write-once rule is what makes copying a slab to a new replica safe while the program
 // runs (maintain.go).
@@ -50,17 +59,28 @@ type Store struct {
 	session ctrl.Session
 	servers *servers
 
-	mu     sync.Mutex
-	slabs  []*slab        // protected by mu; append-only, index+1 is the slot's high half
-	free   []backend.Slot // protected by mu; freed slots, reused first
-	next   int            // protected by mu; index of the slab new slots come from
-	spare  chan *slab     // a slab allocated ahead of need (capacity 1)
-	growMu sync.Mutex     // one allocation at a time
-	stored atomic.Int64   // slots in use
-	lost   chan error     // receives the first loss of pages; capacity 1
-	closed atomic.Bool
-	stop   chan struct{}
-	done   sync.WaitGroup
+	mu    sync.Mutex
+	slabs []*slab // protected by mu; index+1 is the slot's high half; nil: given back (slots.go)
+	holes []int   // protected by mu; the indices of slabs given back, filled by the next new slabs
+	// room has bit i set when slabs[i] has a page to hand out; roomFrom is the first word of
+	// it that may have one. empty counts the slabs with no page in use. All protected by mu.
+	room     []uint64
+	roomFrom int
+	empty    int
+	released []uint64 // slabs given back that the ctrl has yet to hear of; housekeep's alone
+
+	spareMu sync.Mutex
+	spare   *slab        // protected by spareMu: a slab allocated ahead of need, or nil
+	growMu  sync.Mutex   // one allocation at a time
+	stored  atomic.Int64 // slots in use
+	lost    chan error   // receives the first loss of pages; capacity 1
+	closed  atomic.Bool
+	stop    chan struct{}
+	done    sync.WaitGroup
+
+	badMu sync.Mutex
+	bad   []badCopy     // protected by badMu: copies to report to the ctrl (housekeep sends them)
+	wake  chan struct{} // capacity 1: wakes housekeep to send a report at once
 }
 
 // crcTable is Castagnoli: hardware-accelerated on every machine farmem runs on.
@@ -81,8 +101,8 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
-	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token, cfg.CA), spare: make(chan *slab, 1),
-		lost: make(chan error, 1), stop: make(chan struct{})}
+	s := &Store{cfg: cfg, ctrl: ctrl.NewClient(cfg.Ctrl, cfg.Token, cfg.CA),
+		lost: make(chan error, 1), stop: make(chan struct{}), wake: make(chan struct{}, 1)}
 	// Two ctrl calls, each bounded at 15 s by the client, share this budget: a ctrl slow to
 	// save the session should not leave the first slab's request no time of its own.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -99,9 +119,10 @@ func Open(cfg Config) (*Store, error) {
 		s.servers.close()
 		return nil, err
 	}
-	s.slabs = append(s.slabs, first)
-	s.done.Add(1)
+	s.install(first)
+	s.done.Add(2)
 	go s.maintain()
+	go s.housekeep()
 	return s, nil
 }
 
@@ -119,57 +140,28 @@ func (s *Store) reportLost(err error) {
 	}
 }
 
-// take hands out n slots, growing into new slabs as needed.
-func (s *Store) take(slots []backend.Slot) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i := range slots {
-		if n := len(s.free); n > 0 {
-			slots[i] = s.free[n-1]
-			s.free = s.free[:n-1]
-			continue
-		}
-		for s.slabs[s.next].used >= s.slabs[s.next].pages {
-			if s.next+1 < len(s.slabs) {
-				s.next++
-				continue
-			}
-			sl, err := s.grow()
-			if err != nil {
-				s.giveBack(slots[:i])
-				return err
-			}
-			s.slabs = append(s.slabs, sl)
-			s.next = len(s.slabs) - 1
-		}
-		sl := s.slabs[s.next]
-		slots[i] = backend.Slot(uint64(s.next+1)<<32 | uint64(sl.used))
-		sl.used++
-	}
-	return nil
-}
-
 // grow returns the spare slab, or allocates one now if none is ready. Called with mu held: the
-// wait (a ctrl round trip and creates on the servers) is rare, because maintain keeps a spare.
+// wait (a ctrl round trip and creates on the servers) is rare, because housekeep keeps a spare;
+// it may last while the ctrls elect a new leader.
 func (s *Store) grow() (*slab, error) {
-	select {
-	case sl := <-s.spare:
+	s.spareMu.Lock()
+	sl := s.spare
+	s.spare = nil
+	s.spareMu.Unlock()
+	if sl != nil {
 		return sl, nil
-	default:
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return s.allocate(ctx)
 }
-
-func (s *Store) giveBack(slots []backend.Slot) { s.free = append(s.free, slots...) }
 
 // slot resolves a slot to its slab and page.
 func (s *Store) slot(sl backend.Slot) (*slab, uint32, error) {
 	i := int(uint64(sl)>>32) - 1
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if i < 0 || i >= len(s.slabs) || uint32(sl) >= s.slabs[i].pages {
+	if i < 0 || i >= len(s.slabs) || s.slabs[i] == nil || uint32(sl) >= s.slabs[i].pages {
 		return nil, 0, fmt.Errorf("%w %d", backend.ErrUnknownSlot, sl)
 	}
 	return s.slabs[i], uint32(sl), nil
@@ -211,11 +203,15 @@ func (s *Store) Store(src []byte, slots []backend.Slot) error {
 				copy(data[j*backend.PageSize:], src[i*backend.PageSize:(i+1)*backend.PageSize])
 			}
 		}
-		if err := sl.write(pages, data[:len(idx)*backend.PageSize]); err != nil {
+		failed, err := sl.write(pages, data[:len(idx)*backend.PageSize])
+		if err != nil {
 			s.mu.Lock()
 			s.giveBack(slots[:n])
 			s.mu.Unlock()
 			return err
+		}
+		for _, f := range failed {
+			s.replicaBad(sl, f.r, f.err)
 		}
 	}
 	s.stored.Add(int64(n))
@@ -268,11 +264,12 @@ func (s *Store) LoadBatch(slots []backend.Slot, dst []byte) error {
 	return nil
 }
 
-// Free implements backend.Backend. It is local: the slot is reused by a later Store, which
-// overwrites it on every replica; the servers are not told.
+// Free implements backend.Backend. The slot is reused by a later Store, which overwrites it on
+// every replica; the servers are not told. A slab left with no page in use is given back to
+// the ctrl by housekeep (releaseEmpty).
 func (s *Store) Free(slots ...backend.Slot) {
 	s.mu.Lock()
-	s.free = append(s.free, slots...)
+	s.giveBack(slots)
 	s.mu.Unlock()
 	s.stored.Add(-int64(len(slots)))
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"math/rand"
 	"net"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,16 @@ import (
 )
 
 var token = fabric.Token("remote-test-token-0123456789")
+
+// stopping counts the ctrls still stopping after their test: their state directories are
+// removed once they have, and the tests end only then.
+var stopping sync.WaitGroup
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopping.Wait()
+	os.Exit(code)
+}
 
 // cluster is a real ctrl and real memory servers on loopback, in this process.
 type cluster struct {
@@ -33,11 +45,19 @@ type memserver struct {
 
 func newCluster(t *testing.T, servers int) *cluster {
 	t.Helper()
-	st, err := ctrl.OpenFileStore(t.TempDir())
+	// Not t.TempDir: the ctrl saves its state as it stops, which may outlast the test by the
+	// HTTP server's shutdown (up to 5 s for a connection that sent nothing yet).
+	dir, err := os.MkdirTemp("", "farmem-remote-test-ctrl-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := ctrl.NewService(ctrl.ServiceConfig{Config: ctrl.Config{Token: token, SlabPages: 256, DeadAfter: time.Second}, Store: st})
+	st, err := ctrl.OpenFileStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Servers are dead after 2 s without a heartbeat (4 missed), as by default: on a loaded
+	// machine a live server's heartbeat can be late by a second.
+	svc, err := ctrl.NewService(ctrl.ServiceConfig{Config: ctrl.Config{Token: token, SlabPages: 256, DeadAfter: 2 * time.Second}, Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,8 +66,13 @@ func newCluster(t *testing.T, servers int) *cluster {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	go svc.Serve(ctx, ln)
+	served := make(chan struct{})
+	go func() { svc.Serve(ctx, ln); close(served) }()
+	stopping.Add(1)
+	t.Cleanup(func() {
+		cancel()
+		go func() { <-served; os.RemoveAll(dir); stopping.Done() }()
+	})
 	c := &cluster{t: t, ctrl: ln.Addr().String()}
 	for range servers {
 		c.addServer()
