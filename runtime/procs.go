@@ -65,6 +65,7 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 	maps.Copy(c.registered, parent.registered)
 	parent.regMu.Unlock()
 	c.place.orig = parent.place.orig // set before the parent's fault thread started: read-only
+	c.probe = parent.probe           // fork copies the vDSO where it was
 	rt.mu.Lock()
 	rt.procs[c] = true
 	rt.forks[parent] = append(rt.forks[parent], c)
