@@ -72,12 +72,50 @@ type Cluster struct {
 }
 
 type server struct {
-	id, addr         string
-	capacity, used   uint64              // pages, as last reported
-	reported         map[uint64]struct{} // slab ids in its last heartbeat
-	placed           map[uint64]*slab    // slabs with a replica here, as the ctrl decided
+	id, addr       string
+	capacity, used uint64 // pages, as last reported
+	// reported is the slab ids in its last heartbeat, placed the slabs with a replica here as
+	// the ctrl decided, and unreported the pages of those placed that are not reported yet:
+	// kept by place, unplace and setReported, which alone change the three, so that placement
+	// (free) reads it at once instead of walking every slab of every server at each decision.
+	reported         map[uint64]struct{}
+	placed           map[uint64]*slab
+	unreported       uint64
 	lastSeen, deadAt time.Time
 	dead             bool
+}
+
+// place records a replica of sl here.
+func (s *server) place(sl *slab) {
+	if s.placed[sl.id] == nil {
+		if _, ok := s.reported[sl.id]; !ok {
+			s.unreported += uint64(sl.pages)
+		}
+	}
+	s.placed[sl.id] = sl
+}
+
+// unplace forgets the replica of slab id here.
+func (s *server) unplace(id uint64) {
+	sl := s.placed[id]
+	if sl == nil {
+		return
+	}
+	if _, ok := s.reported[id]; !ok {
+		s.unreported -= uint64(sl.pages)
+	}
+	delete(s.placed, id)
+}
+
+// setReported takes the slab ids of the server's latest report.
+func (s *server) setReported(r map[uint64]struct{}) {
+	s.reported = r
+	s.unreported = 0
+	for id, sl := range s.placed {
+		if _, ok := r[id]; !ok {
+			s.unreported += uint64(sl.pages)
+		}
+	}
 }
 
 type session struct {
@@ -215,7 +253,7 @@ func (c *Cluster) serverDied(s *server, now time.Time) {
 			c.degraded[sl.id] = sl
 		}
 	}
-	s.reported = nil
+	s.setReported(nil)
 	c.changed()
 }
 
@@ -235,7 +273,7 @@ func (c *Cluster) dropReplica(sl *slab, s *server) string {
 	for i, r := range sl.replicas {
 		if r.server == s.id {
 			sl.replicas = slices.Delete(sl.replicas, i, i+1)
-			delete(s.placed, sl.id)
+			s.unplace(sl.id)
 			return r.state
 		}
 	}
@@ -268,19 +306,14 @@ func (c *Cluster) rereplicate(now time.Time) {
 
 func (c *Cluster) addReplica(sl *slab, s *server, state string) {
 	sl.replicas = append(sl.replicas, replica{server: s.id, state: state})
-	s.placed[sl.id] = sl
+	s.place(sl)
 }
 
 // free is what placement sees of a server: capacity − used − pages granted there but not yet
 // in its reports. Counting our own grants keeps a burst of allocations, all made between two
 // heartbeats, from landing on the one server that looked emptiest.
 func (c *Cluster) free(s *server) uint64 {
-	used := s.used
-	for id, sl := range s.placed {
-		if _, ok := s.reported[id]; !ok {
-			used += uint64(sl.pages)
-		}
-	}
+	used := s.used + s.unreported
 	if used >= s.capacity {
 		return 0
 	}
@@ -342,14 +375,15 @@ func (c *Cluster) ServerHeartbeat(now time.Time, r ServerReport) (HeartbeatReply
 		c.changed()
 	}
 	s.addr, s.capacity, s.used, s.lastSeen = r.Addr, r.CapacityPages, r.UsedPages, now
-	s.reported = make(map[uint64]struct{}, len(r.Slabs))
+	reported := make(map[uint64]struct{}, len(r.Slabs))
 	free := []uint64{}
 	for _, id := range r.Slabs {
-		s.reported[id] = struct{}{}
+		reported[id] = struct{}{}
 		if s.placed[id] == nil {
 			free = append(free, id)
 		}
 	}
+	s.setReported(reported)
 	slices.Sort(free)
 	free = slices.Compact(free)
 	if joined {
@@ -584,7 +618,7 @@ func (c *Cluster) endSession(ss *session) int {
 func (c *Cluster) release(sl *slab) {
 	for _, r := range sl.replicas {
 		if s := c.servers[r.server]; s != nil {
-			delete(s.placed, sl.id)
+			s.unplace(sl.id)
 		}
 	}
 	sl.replicas = nil

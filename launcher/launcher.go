@@ -448,6 +448,7 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 	for {
 		m, _, err := c.recv()
 		if err != nil {
+			rt.ControlEnded(p) // it exited, or exec'd: into an image that may not be served
 			return
 		}
 		if m.Type != msgRegister {

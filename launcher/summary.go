@@ -57,6 +57,9 @@ type Summary struct {
 	UnseenPages  int64 `json:"unseen_pages"`
 	// OverCapFaults: faults let in over the cap because the evictor found nothing it could take.
 	OverCapFaults int64 `json:"over_cap_faults"`
+	// UnservedImages: images processes of the run exec'd that did not load the shim (a static
+	// binary, LD_PRELOAD dropped): they ran without farmem.
+	UnservedImages int64 `json:"unserved_images"`
 	// BackendPeakPages and BackendPeakBytes: the most the backend held, in pages and in bytes
 	// (fewer bytes than pages when it compresses).
 	BackendPeakPages int64 `json:"backend_peak_pages"`
@@ -150,7 +153,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		Evicted: Evicted{Written: e.Written.Load(), DroppedClean: e.Dropped.Load(), Zero: e.Zero.Load(), Absent: e.Absent.Load()},
 		Batches: Batches{Count: e.Batches.Load(), Runs: e.Runs.Load(), Staged: e.Staged.Load(), Removes: e.Removes.Load(),
 			Aborted: e.Aborted.Load(), StageNs: map[string]int64{}, Latency: histogram(&e.Batch)},
-		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(), OverCapFaults: s.OverCapFaults.Load(),
+		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(), OverCapFaults: s.OverCapFaults.Load(), UnservedImages: s.Unserved.Load(),
 		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
 		BytesIn: rt.BytesIn(), BytesOut: rt.BytesOut(), PeakAnonBytes: s.PeakAnonPages.Load() * runtime.PageSize,
 		Processes: s.Processes.Load(),
@@ -235,6 +238,12 @@ func summaryLines(s *Summary) []string {
 			why += ", and a page a fork child shares counts in each process"
 		}
 		line("its anonymous memory went %s over the cap: %s", size(over), why)
+	}
+	switch {
+	case s.UnservedImages == 1:
+		line("an image the program exec'd ran without farmem (named above), its memory not capped")
+	case s.UnservedImages > 1:
+		line("%s images the program exec'd ran without farmem (named above), their memory not capped", count(s.UnservedImages))
 	}
 	if s.OverCapFaults > 0 {
 		line("%s faults went in over the cap: the evictor found nothing it could take (the memory over the cap was in processes not yet set up for eviction, or not tracked)",

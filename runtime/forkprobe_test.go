@@ -91,7 +91,7 @@ func TestForkMemoryGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if forkMemoryGone(child, probe) {
+	if memoryGone(child, probe) {
 		t.Fatal("a live child's memory reported gone")
 	}
 	if _, err := vdso(pid); err != nil {
@@ -102,7 +102,7 @@ func TestForkMemoryGone(t *testing.T) {
 	if _, err := unix.Wait4(pid, &ws, 0, nil); err != nil {
 		t.Fatal(err)
 	}
-	if !forkMemoryGone(child, probe) {
+	if !memoryGone(child, probe) {
 		t.Fatal("a dead child's memory reported alive")
 	}
 }

@@ -67,6 +67,11 @@ type Process struct {
 	regMu      sync.Mutex
 	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
 
+	// probe is the vDSO's address in the process's image as it said hello, or its parent's for
+	// a fork child (0: not known), for memoryGone; set before the process is served, never
+	// changed.
+	probe uint64
+
 	place    placement // fault thread only (Faulting, Idle): which CPU the threads run on
 	failOnce sync.Once
 

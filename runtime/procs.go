@@ -27,6 +27,9 @@ func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
 	}
 	rt.Stats.Processes.Add(1)
 	p.pid.Store(int32(pid))
+	if a, err := vdso(pid); err == nil {
+		p.probe = a // for memoryGone, once the process has exec'd (ControlEnded)
+	}
 	rt.mu.Lock()
 	old := rt.byPid[pid] // an exec replaced the old image: its mm is gone
 	from := old          // whose pinning pid may have inherited (placement)
@@ -62,6 +65,7 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 	maps.Copy(c.registered, parent.registered)
 	parent.regMu.Unlock()
 	c.place.orig = parent.place.orig // set before the parent's fault thread started: read-only
+	c.probe = parent.probe           // fork copies the vDSO where it was
 	rt.mu.Lock()
 	rt.procs[c] = true
 	rt.forks[parent] = append(rt.forks[parent], c)
@@ -136,7 +140,7 @@ func (rt *Runtime) nextForkedLocked(parent *Process, pid int) (c *Process, gone 
 	q := rt.forks[parent]
 	for len(q) > 0 {
 		c, q = q[0], q[1:]
-		if err != nil || !forkMemoryGone(c.fd, probe) {
+		if err != nil || !memoryGone(c.fd, probe) {
 			rt.forks[parent] = q
 			return c, gone
 		}
@@ -147,11 +151,12 @@ func (rt *Runtime) nextForkedLocked(parent *Process, pid int) (c *Process, gone 
 	return nil, gone
 }
 
-// forkMemoryGone reports whether the memory a FORK event's uffd fd stands for is gone (its
-// child failed to be born, or exited). A zero-page request at probe, an address no uffd can
-// register (the vDSO, where fork put it in every child of one parent), installs nothing: it
-// answers ESRCH when the memory is gone, and ENOENT (no registered range there) otherwise.
-func forkMemoryGone(fd int, probe uint64) bool {
+// memoryGone reports whether the memory uffd fd stands for is gone: a FORK event's child failed
+// to be born or exited, or a process exec'd or exited. A zero-page request at probe, an address
+// no uffd can register (the vDSO, where fork put it in every child of one parent), installs
+// nothing: it answers ESRCH when the memory is gone, and ENOENT (no registered range there)
+// otherwise.
+func memoryGone(fd int, probe uint64) bool {
 	_, err := uffd.ZeroPage(fd, probe, uint64(PageSize), uffd.ZeroPageDontWake)
 	return errors.Is(err, unix.ESRCH)
 }

@@ -72,6 +72,9 @@ type Stats struct {
 	// OverCapFaults is the faults let in over the cap because the evictor had nothing left it
 	// could take (MustWait): held, they would have waited for ever.
 	OverCapFaults atomic.Int64
+	// Unserved is the images processes of the run exec'd that never said hello (ControlEnded):
+	// they ran without farmem.
+	Unserved atomic.Int64
 	// Processes is how many processes the run served: the program, each image it exec'd and
 	// each fork child.
 	Processes atomic.Int64
