@@ -7,12 +7,15 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -84,6 +87,25 @@ func StartTLS(t testing.TB, n int, host string, files TLSFiles) *Cluster {
 
 func start(t testing.TB, n int, host string, files *TLSFiles, extra []string) *Cluster {
 	t.Helper()
+	// A port free when chosen can be taken before etcd binds it (by another test's listener):
+	// the member then exits at once, and the whole cluster is started again on other ports.
+	for attempt := 1; ; attempt++ {
+		c, err := tryStart(t, n, host, files, extra)
+		if err == nil {
+			return c
+		}
+		if attempt == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("%v; starting the cluster again on other ports", err)
+	}
+}
+
+// errPortTaken is a member's exit before it was healthy because a port it was given was taken.
+var errPortTaken = errors.New("an etcd member's port was taken before it could bind it")
+
+func tryStart(t testing.TB, n int, host string, files *TLSFiles, extra []string) (*Cluster, error) {
+	t.Helper()
 	bin := Binary(t)
 	if host == "" {
 		host = "127.0.0.1"
@@ -137,9 +159,14 @@ func start(t testing.TB, n int, host string, files *TLSFiles, extra []string) *C
 		})
 	}
 	for _, m := range c.Members {
-		m.awaitHealthy(t, hc)
+		if err := m.awaitHealthy(t, hc); err != nil {
+			for _, m := range c.Members {
+				m.Kill()
+			}
+			return nil, err
+		}
 	}
-	return c
+	return c, nil
 }
 
 // Endpoints are the members' client URLs.
@@ -157,8 +184,9 @@ func (m *Member) Kill() {
 	<-m.done
 }
 
-// awaitHealthy waits for /health to say so; 60 s is a hang, not a timing assertion.
-func (m *Member) awaitHealthy(t testing.TB, hc *http.Client) {
+// awaitHealthy waits for /health to say so; 60 s is a hang, not a timing assertion. A member
+// that exits because its port was taken is errPortTaken, to be started again elsewhere.
+func (m *Member) awaitHealthy(t testing.TB, hc *http.Client) error {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -168,11 +196,14 @@ func (m *Member) awaitHealthy(t testing.TB, hc *http.Client) {
 			b.ReadFrom(resp.Body)
 			resp.Body.Close()
 			if strings.Contains(b.String(), `"health":"true"`) {
-				return
+				return nil
 			}
 		}
 		select {
 		case <-m.done:
+			if strings.Contains(m.log.String(), "address already in use") {
+				return fmt.Errorf("%w (%s)", errPortTaken, m.Name)
+			}
 			t.Fatalf("etcd %s exited before it was healthy:\n%s", m.Name, m.log.String())
 		default:
 		}
@@ -183,13 +214,28 @@ func (m *Member) awaitHealthy(t testing.TB, hc *http.Client) {
 	}
 }
 
+// freePort returns a port nothing listens on at host, chosen below the kernel's ephemeral range:
+// a port from that range, free when asked, is what the next outgoing connection of any process
+// here may be given before etcd binds it.
 func freePort(t testing.TB, host string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		t.Fatal(err)
+	hi := 32768 // the kernel's default first ephemeral port
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 11000 {
+				hi = v
+			}
+		}
 	}
-	defer ln.Close()
-	_, p, _ := net.SplitHostPort(ln.Addr().String())
-	return p
+	for range 1000 {
+		p := strconv.Itoa(10000 + rand.IntN(hi-10000))
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return p
+	}
+	t.Fatalf("no free port below %d on %s", hi, host)
+	return ""
 }
