@@ -75,6 +75,9 @@ type Process struct {
 	// ioctl on a closed (or reused) fd.
 	life    sync.RWMutex
 	retired bool // protected by life
+	// detaching: farmem is letting the process go (attach.go): no batch takes its pages, its
+	// faults never wait for room, nothing more is registered.
+	detaching atomic.Bool
 }
 
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
@@ -98,7 +101,7 @@ func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, err
 // Hold implements evictor.Target.
 func (p *Process) Hold() bool {
 	p.life.RLock()
-	if p.retired {
+	if p.retired || p.detaching.Load() {
 		p.life.RUnlock()
 		return false
 	}
@@ -121,7 +124,7 @@ func (p *Process) Table() *pagetable.PageTable { return p.table }
 func (p *Process) CanEvict() bool {
 	p.agentMu.Lock()
 	defer p.agentMu.Unlock()
-	return p.agent != nil && p.pid.Load() != 0
+	return p.agent != nil && p.pid.Load() != 0 && !p.detaching.Load()
 }
 
 // Drop implements evictor.Target.
@@ -206,7 +209,7 @@ func (p *Process) Faulting(tid int32) {
 // its hello): the evictor cannot take its pages, and holding its faults would hold the thread
 // that is starting its agent, for room that never comes.
 func (p *Process) MustWait(tid int32) bool {
-	if !p.rt.overCap() || p.makesRoom(tid) || !p.CanEvict() {
+	if !p.rt.overCap() || p.makesRoom(tid) || !p.CanEvict() { // CanEvict: false while detaching
 		return false
 	}
 	if !p.rt.arming.Load() {
