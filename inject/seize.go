@@ -161,7 +161,13 @@ func (g *Group) Pid() int { return g.pid }
 func (g *Group) Detach() error {
 	var first error
 	for tid, kept := range g.threads {
-		unix.PtraceDetach(tid) // ESRCH: it was killed meanwhile
+		if unix.PtraceDetach(tid) == unix.ESRCH {
+			// Killed meanwhile: its end is reported to us, and its process's main thread is
+			// not reported to its parent until it is reaped.
+			var ws unix.WaitStatus
+			unix.Wait4(tid, &ws, unix.WALL|unix.WNOHANG, nil)
+			continue
+		}
 		for _, s := range kept {
 			unix.Tgkill(g.pid, tid, s)
 		}

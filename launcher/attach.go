@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	goruntime "runtime"
 	"strconv"
 	"strings"
@@ -348,6 +349,9 @@ func childrenOf(pid int) []int {
 			}
 		}
 	}
+	// In the order of their births, as far as pids tell: fork children are matched to their
+	// FORK events in order (runtime.AttachForked).
+	slices.Sort(out)
 	return out
 }
 
@@ -360,7 +364,7 @@ func (a *attachment) detach() error {
 	}
 	var first error
 	for _, p := range procs {
-		if _, err := p.BringBack(); err != nil && !errors.Is(err, unix.ESRCH) && first == nil {
+		if _, err := p.BringBack(); err != nil && !gone(p.Pid()) && first == nil {
 			first = err
 		}
 	}
@@ -373,16 +377,32 @@ func (a *attachment) detach() error {
 }
 
 // detachOne freezes process p, has its agent close what it held and end, unregisters its
-// ranges, unmaps the agent's memory, lets it go, and stops serving it.
+// ranges, unmaps the agent's memory, lets it go, and stops serving it. A process that exits
+// meanwhile (a fork child, often) has nothing to be given back.
 func (a *attachment) detachOne(p *runtime.Process) error {
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
+	err := a.letGo(p)
+	if err != nil && gone(p.Pid()) {
+		err = nil
+	}
+	return err
+}
+
+// gone reports whether process pid has exited.
+func gone(pid int) bool {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(st), ')')
+	return i > 0 && len(st) > i+2 && (st[i+2] == 'Z' || st[i+2] == 'X')
+}
+
+func (a *attachment) letGo(p *runtime.Process) error {
 	pid := p.Pid()
 	g, err := inject.Seize(pid, p.AgentTid()) // the agent goes on: it has work to do below
 	if err != nil {
-		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", pid)); serr != nil {
-			return nil // it exited meanwhile: nothing to give back
-		}
 		return err
 	}
 	defer g.Detach()

@@ -492,6 +492,10 @@ static void detach_agent(void)
 	close_fd(&stage_ufd);
 	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
 	drop_pidfd = -1;
+	/* The lifeline's open file, not this descriptor, is set to signal: fork children that
+	 * farmem has not entered yet hold copies of it, and its owner would be killed when farmem
+	 * closes the write end. */
+	if (lifeline >= 0) raw6(SYS_fcntl, lifeline, F_SETFL, O_NONBLOCK, 0, 0, 0);
 	close_fd(&lifeline);
 	close_fd(&ufd);
 	close_fd(&ctl);
