@@ -191,7 +191,11 @@ loop:
 	for rt.Live() > 0 {
 		select {
 		case <-sigs:
-			if err := a.detach(); err != nil {
+			// The pages brought back are not what the cap held while attached.
+			peak := rt.Stats.PeakAnonPages.Load()
+			err := a.detach()
+			rt.Stats.PeakAnonPages.Store(peak)
+			if err != nil {
 				return 0, fmt.Errorf("detaching from process %d: %w", pid, err)
 			}
 			detached = true

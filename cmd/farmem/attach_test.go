@@ -432,3 +432,25 @@ func TestAttachHelp(t *testing.T) {
 		t.Errorf("farmem help does not list attach:\n%s", out)
 	}
 }
+
+// farmem attach runs until the process exits, and then exits 0 by itself.
+func TestAttachUntilExit(t *testing.T) {
+	bin := attacheeBin(t)
+	a := startAttachee(t, bin, "24")
+	sum0, _, _ := a.check(t)
+	cmd, stderr := attachTo(t, a.cmd.Process.Pid, "16MiB")
+	if sum, _, _ := a.check(t); sum != sum0 {
+		t.Fatalf("attached: sum %s, before %s", sum, sum0)
+	}
+	a.exit(t)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("farmem attach once the process exited: %v\n%s", err, stderr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("farmem attach still runs 10 s after the process exited:\n%s", stderr)
+	}
+}
