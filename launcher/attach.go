@@ -16,7 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/inject"
+	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/runtime"
+	"github.com/farmem/farmem/uffd"
 )
 
 // farmem attach: a process that is already running is entered the way a static program is
@@ -302,7 +304,7 @@ func (a *attachment) enterChildren() {
 				continue
 			}
 			a.known[c] = true
-			if err := a.enterChild(c); err != nil {
+			if err := a.enterChild(c, ppid); err != nil {
 				fmt.Fprintf(os.Stderr, "farmem: fork child %d of process %d could not be entered, and was killed: %v\n", c, ppid, err)
 				unix.Kill(c, unix.SIGKILL)
 			}
@@ -310,8 +312,9 @@ func (a *attachment) enterChildren() {
 	}
 }
 
-// enterChild enters fork child pid, unless it exec'd (it carries no agent of farmem's) or exited.
-func (a *attachment) enterChild(pid int) (err error) {
+// enterChild enters fork child pid of ppid, unless it exec'd (it carries no agent of farmem's) or
+// exited.
+func (a *attachment) enterChild(pid, ppid int) (err error) {
 	goruntime.LockOSThread()
 	defer goruntime.UnlockOSThread()
 	g, err := inject.Seize(pid)
@@ -326,6 +329,9 @@ func (a *attachment) enterChild(pid int) (err error) {
 	if !carriesAgent(pid, a.mem+agentOffset+a.img.params, a.sock) {
 		return nil
 	}
+	if err := a.claimFork(g.Leader(), ppid); err != nil {
+		return err
+	}
 	ready := a.agents.expect(pid)
 	if _, err := runAgentEntry(g.Leader(), a.mem+agentOffset+a.img.forkEntry); err != nil {
 		a.agents.forget(pid)
@@ -336,6 +342,45 @@ func (a *attachment) enterChild(pid int) (err error) {
 		return err
 	}
 	return nil
+}
+
+// claimFork finds which of ppid's FORK events is the frozen child tr's, and has the runtime match
+// the child's hello with it (runtime.ClaimFork): the events carry no pid, and two children born at
+// once could otherwise be matched the wrong way round, each then served on the other's uffd. A
+// page mapped in the child alone (by a system call made in it) is what tells: only the child's own
+// uffd can register it. It is unregistered and unmapped again at once, so nothing of it stays.
+func (a *attachment) claimFork(tr *inject.Tracee, ppid int) error {
+	probe, err := tr.Syscall(unix.SYS_MMAP, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uint64(0), 0)
+	if err != nil {
+		return fmt.Errorf("mmap of a probe page: %w", err)
+	}
+	mine := func(fd int) bool {
+		if _, err := uffd.Register(fd, probe, pageSize, uffd.ModeMissing); err != nil {
+			return false // another process's memory: nothing mapped there
+		}
+		uffd.Unregister(fd, probe, pageSize)
+		return true
+	}
+	// A child with nothing registered had a parent with nothing registered when it forked: no
+	// event, and it starts afresh (runtime.AttachForked tells so from its smaps too). One with
+	// ranges registered has an event, which the runtime may not have queued yet: the child runs
+	// from the moment its event is read.
+	var err2 error
+	if inherited, err := procfs.HasUffdRegistrations(tr.Pid()); err == nil && inherited {
+		deadline := time.Now().Add(agentWait)
+		for !a.rt.ClaimFork(ppid, mine) {
+			if time.Now().After(deadline) {
+				err2 = fmt.Errorf("no FORK event of process %d is its own", ppid)
+				break
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
+	if _, err := tr.Syscall(unix.SYS_MUNMAP, probe, pageSize); err != nil && err2 == nil {
+		err2 = fmt.Errorf("munmap of the probe page: %w", err)
+	}
+	return err2
 }
 
 // childrenOf lists the children of every thread of pid.
@@ -360,37 +405,56 @@ func childrenOf(pid int) []int {
 }
 
 // detach lets every process go, as it was before farmem, with every page back.
+//
+// Every process served is frozen first, so that none forks meanwhile: a child born while its
+// parent's pages come back could hold evicted pages on a uffd only farmem has, and read zeros
+// once farmem is gone. Children born before are entered first, and let go like the others.
 func (a *attachment) detach() error {
-	a.enterChildren() // a child not entered yet could not be let go cleanly
-	procs := a.rt.Processes()
-	for _, p := range procs {
+	goruntime.LockOSThread() // the tracer of every frozen process until the end
+	defer goruntime.UnlockOSThread()
+	var frozen map[*runtime.Process]*inject.Group
+	thaw := func() {
+		for _, g := range frozen {
+			g.Detach()
+		}
+	}
+	defer func() { thaw() }()
+	for try := 0; ; try++ {
+		a.enterChildren()
+		frozen = map[*runtime.Process]*inject.Group{}
+		for _, p := range a.rt.Processes() {
+			g, err := inject.Seize(p.Pid(), p.AgentTid()) // the agent goes on: it has work to do
+			if err != nil {
+				if gone(p.Pid()) {
+					continue
+				}
+				return err
+			}
+			frozen[p] = g
+		}
+		if len(a.rt.ForkParents()) == 0 {
+			break // no child born between the entering and the freezing
+		}
+		if try == 20 {
+			return errors.New("its processes fork faster than farmem can enter their children")
+		}
+		thaw()
+	}
+	for p := range frozen {
 		p.StopEvicting()
 	}
 	var first error
-	for _, p := range procs {
-		if _, err := p.BringBack(); err != nil && !gone(p.Pid()) && first == nil {
+	for p, g := range frozen {
+		if err := a.letGo(p, g); err != nil && !gone(p.Pid()) && first == nil {
 			first = err
 		}
 	}
-	for _, p := range procs {
-		if err := a.detachOne(p); err != nil && first == nil {
-			first = err
-		}
+	thaw()
+	for p := range frozen {
+		a.rt.Let(p)
 	}
+	frozen = nil
 	return first
-}
-
-// detachOne freezes process p, has its agent close what it held and end, unregisters its
-// ranges, unmaps the agent's memory, lets it go, and stops serving it. A process that exits
-// meanwhile (a fork child, often) has nothing to be given back.
-func (a *attachment) detachOne(p *runtime.Process) error {
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	err := a.letGo(p)
-	if err != nil && gone(p.Pid()) {
-		err = nil
-	}
-	return err
 }
 
 // gone reports whether process pid has exited.
@@ -403,14 +467,10 @@ func gone(pid int) bool {
 	return i > 0 && len(st) > i+2 && (st[i+2] == 'Z' || st[i+2] == 'X')
 }
 
-func (a *attachment) letGo(p *runtime.Process) error {
+// letGo gives frozen process p every page back, has its agent close what it held and end,
+// unregisters its ranges and unmaps the agent's memory.
+func (a *attachment) letGo(p *runtime.Process, g *inject.Group) error {
 	pid := p.Pid()
-	g, err := inject.Seize(pid, p.AgentTid()) // the agent goes on: it has work to do below
-	if err != nil {
-		return err
-	}
-	defer g.Detach()
-	// Frozen now: whatever a fault of its own brought in meanwhile is in; nothing is evicted.
 	if _, err := p.BringBack(); err != nil {
 		return err
 	}
@@ -427,6 +487,5 @@ func (a *attachment) letGo(p *runtime.Process) error {
 	if _, err := g.Leader().Syscall(unix.SYS_MUNMAP, a.mem, a.memLen); err != nil {
 		return fmt.Errorf("process %d: unmapping farmem's agent: %w", pid, err)
 	}
-	a.rt.Let(p)
 	return nil
 }

@@ -269,12 +269,14 @@ func TestAttachDetach(t *testing.T) {
 	twin.exit(t)
 }
 
-// Attached while one thread forks children again and again and another rewrites pages: farmem
-// finds each child through its FORK event and enters it; every child verifies its copy of the
-// data (and rewrites some of it), and none finds a wrong page, attached or after the detach.
+// Attached while two threads fork children again and again (taking turns: a third rewrites pages
+// meanwhile, and a fork must not copy a page half rewritten) and the main thread is blocked in a
+// read: farmem freezes them wherever they are, finds each child through its FORK event, tells
+// which event is whose, and enters it; every child verifies its copy of the data (and rewrites
+// some of it), and none finds a wrong page, attached or after the detach.
 func TestAttachForkingThreads(t *testing.T) {
 	bin := attacheeBin(t)
-	a := startAttachee(t, bin, "32", "1", "1")
+	a := startAttachee(t, bin, "32", "2", "1")
 	pid := a.cmd.Process.Pid
 	time.Sleep(100 * time.Millisecond) // forking well under way
 	summary := filepath.Join(t.TempDir(), "summary.json")

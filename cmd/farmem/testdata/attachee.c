@@ -7,7 +7,8 @@
  *   exit   exit 0
  * With FORKERS > 0, that many threads fork for ever: each child verifies every 8th page,
  * rewrites a few and verifies them again (forks and rewrites take one lock), and exits 0, or 1 on a wrong page. With CHURN > 0, a
- * thread verifies and rewrites random pages for ever (pages come and go all the time).
+ * thread verifies and rewrites random pages for ever (pages come and go all the time); without
+ * one, the forking threads fork at the same time ("write" must not be sent then).
  * usage: attachee MIB [FORKERS [CHURN]] */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -26,7 +27,8 @@ static uint64_t *buf;
 static uint32_t *gen;
 static size_t npages;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* the churn thread's pages and gen */
-static volatile long forks, bad;
+static long forks, bad; /* atomics: several threads count */
+static int churners;
 
 static uint64_t mix(uint64_t x)
 {
@@ -54,8 +56,9 @@ static void *forker(void *arg)
 {
 	(void)arg;
 	for (;;) {
-		/* Under the lock: the child's copy never holds a page half rewritten. */
-		pthread_mutex_lock(&mu);
+		/* Under the lock while pages are rewritten (CHURN, write): the child's copy never
+		 * holds a page half rewritten. Without a churn thread, forkers fork at the same time. */
+		if (churners) pthread_mutex_lock(&mu);
 		pid_t c = fork();
 		if (c == 0) {
 			for (size_t p = 0; p < npages; p += 8)
@@ -68,12 +71,12 @@ static void *forker(void *arg)
 				if (!ok(p)) _exit(1);
 			_exit(0);
 		}
-		pthread_mutex_unlock(&mu);
+		if (churners) pthread_mutex_unlock(&mu);
 		if (c < 0) continue;
 		int st;
 		if (waitpid(c, &st, 0) == c) {
-			forks++;
-			if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) bad++;
+			__atomic_add_fetch(&forks, 1, __ATOMIC_RELAXED);
+			if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) __atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
 		}
 	}
 	return NULL;
@@ -87,7 +90,7 @@ static void *churn(void *arg)
 		r = mix(r);
 		size_t p = r % npages;
 		pthread_mutex_lock(&mu);
-		if (!ok(p)) bad++;
+		if (!ok(p)) __atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
 		if (r & 1) {
 			gen[p]++;
 			fill(p);
@@ -104,7 +107,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	size_t bytes = strtoul(argv[1], 0, 10) << 20;
-	int forkers = argc > 2 ? atoi(argv[2]) : 0, churners = argc > 3 ? atoi(argv[3]) : 0;
+	int forkers = argc > 2 ? atoi(argv[2]) : 0;
+	churners = argc > 3 ? atoi(argv[3]) : 0;
 	npages = bytes / PAGE;
 	buf = mmap(0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	gen = calloc(npages, sizeof *gen);
