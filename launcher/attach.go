@@ -39,10 +39,16 @@ import (
 // entry, as in a static program's child). Until it is entered, farmem holds its uffd's only copy:
 // had farmem died in that moment, the child could read zeros where its evicted pages were.
 //
-// On SIGINT or SIGTERM farmem detaches: it stops evicting, faults every evicted page back in
-// (runtime.Process.BringBack), freezes each process again, has its agent close what it held and
-// end its thread, unregisters every range (which lifts the write protection), unmaps the agent's
-// memory, and lets the process go: it runs on as before, with nothing of farmem's in it.
+// A fork child is matched with its own FORK event (the events carry no pid), not by order alone:
+// with the child frozen, farmem maps a page in it and asks each waiting event's uffd to register
+// it; only the child's own can (runtime.ClaimFork).
+//
+// On SIGINT, SIGTERM or SIGHUP farmem detaches: it freezes every process it serves (entering the
+// children born until then first, so that none is born while pages come back), stops evicting,
+// faults every evicted page back in (runtime.Process.BringBack), has each agent close what it held
+// and end its thread, unregisters every range (which lifts the write protection), unmaps the
+// agent's memory, and lets the processes go: they run on as before, with nothing of farmem's in
+// them.
 //
 // If farmem dies while attached, the kernel closes its end of each process's lifeline, and the
 // process is killed (SIGKILL), as a run's program is: it never reads zeros.
@@ -167,8 +173,10 @@ func Attach(o Options, pid int) (int, error) {
 		}()
 	}
 	// Before entering: a SIGINT meanwhile detaches as soon as farmem is in.
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	// SIGHUP too: a terminal that closes must not kill the process farmem serves (farmem's death
+	// would, through its lifeline).
+	sigs := make(chan os.Signal, 3)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 	// The children the process has now are not farmem's: forked before it came.
 	for _, c := range childrenOf(pid) {
@@ -183,7 +191,7 @@ func Attach(o Options, pid int) (int, error) {
 		}
 	}()
 	if !o.Quiet {
-		fmt.Fprintf(os.Stderr, "farmem: attached to %s (pid %d): its pages beyond the %s cap now go to the store; SIGINT or SIGTERM detaches\n",
+		fmt.Fprintf(os.Stderr, "farmem: attached to %s (pid %d): its pages beyond the %s cap now go to the store; SIGINT, SIGTERM or SIGHUP detaches\n",
 			o.Argv[0], pid, size(o.LocalMem))
 	}
 	tick := time.NewTicker(2 * time.Millisecond)
@@ -471,6 +479,11 @@ func gone(pid int) bool {
 // unregisters its ranges and unmaps the agent's memory.
 func (a *attachment) letGo(p *runtime.Process, g *inject.Group) error {
 	pid := p.Pid()
+	if !carriesAgent(pid, a.mem+agentOffset+a.img.params, a.sock) {
+		// It exec'd: the image farmem served is gone with its pages, and what is at the
+		// agent's address now is the new image's.
+		return nil
+	}
 	if _, err := p.BringBack(); err != nil {
 		return err
 	}

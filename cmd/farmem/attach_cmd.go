@@ -23,7 +23,7 @@ func attachCommand() *cli.Command {
 			"cap, and lets it run: what is over the cap is evicted soon after. The children it forks\n" +
 			"from then on are served too. farmem runs until the process exits, and then exits 0: it is\n" +
 			"not the process's parent, and cannot learn its exit status.\n\n" +
-			"SIGINT or SIGTERM detaches: farmem brings every evicted page back into the process,\n" +
+			"SIGINT, SIGTERM or SIGHUP detaches: farmem brings every evicted page back into the process,\n" +
 			"unregisters its memory, ends and unmaps its agent, closes what it put in, and exits 0,\n" +
 			"leaving the process running as before with its data intact.\n\n" +
 			"Unlike farmem run, no seccomp mapping filter is installed (one cannot be taken out of a\n" +

@@ -425,7 +425,7 @@ func TestAttachBadInput(t *testing.T) {
 // farmem attach --help says what it does, how to detach and what it exits with.
 func TestAttachHelp(t *testing.T) {
 	out, code := runApp("attach", "--help")
-	for _, w := range []string{"farmem attach - cap a process that is already running", "--local-mem", "SIGINT or SIGTERM detaches", "exits 0", "ptrace_scope"} {
+	for _, w := range []string{"farmem attach - cap a process that is already running", "--local-mem", "SIGINT, SIGTERM or SIGHUP detaches", "exits 0", "ptrace_scope"} {
 		if code != 0 || !strings.Contains(out, w) {
 			t.Errorf("farmem attach --help (exit %d): no %q in:\n%s", code, w, out)
 		}
