@@ -1,6 +1,7 @@
 package launcher
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -251,14 +252,18 @@ func (a *attachment) enter() (err error) {
 	}
 	tr := g.Leader()
 	ready := a.agents.expect(a.pid)
-	started := false
+	started := false // the agent thread runs: what farmem put in can no longer simply be taken out
+	var p *runtime.Process
 	defer func() {
 		if err == nil {
 			return
 		}
 		a.agents.forget(a.pid)
 		if !started && a.mem != 0 {
-			tr.Syscall(unix.SYS_MUNMAP, a.mem, a.memLen)
+			a.undoInjection(tr)
+			if p != nil {
+				a.rt.Let(p)
+			}
 		}
 		g.Detach()
 		err = fmt.Errorf("putting farmem's agent into process %d: %w", a.pid, err)
@@ -268,13 +273,13 @@ func (a *attachment) enter() (err error) {
 		return err
 	}
 	a.mem, a.memLen, a.lifeline = mem, agentOffset+a.img.span, lifeline
-	if _, err := a.rt.Attach(a.pid, fd); err != nil {
+	if p, err = a.rt.Attach(a.pid, fd); err != nil {
 		return err
 	}
-	started = true
 	if _, err := runAgentEntry(tr, mem+agentOffset+a.img.startEntry); err != nil {
 		return err
 	}
+	started = true
 	if err := waitAttached(tr, ready); err != nil {
 		return err
 	}
@@ -282,6 +287,26 @@ func (a *attachment) enter() (err error) {
 	// present pages adopted.
 	a.rt.ArmNow()
 	return g.Detach()
+}
+
+// undoInjection takes out of the frozen process what injectAgent put in, before the agent runs:
+// the lifeline's read end (first made silent: its close must not kill the process once farmem
+// closes the write end), the process's copy of its uffd, and the agent's memory.
+func (a *attachment) undoInjection(tr *inject.Tracee) {
+	var fds [4]byte
+	if tr.Read(a.mem+agentOffset+a.img.params+paramLifeline, fds[:]) == nil {
+		rd := uint64(binary.LittleEndian.Uint32(fds[:]))
+		tr.Syscall(unix.SYS_FCNTL, rd, unix.F_SETFL, unix.O_NONBLOCK)
+		tr.Syscall(unix.SYS_CLOSE, rd)
+	}
+	if tr.Read(a.mem+agentOffset+a.img.params+paramUffd, fds[:]) == nil {
+		tr.Syscall(unix.SYS_CLOSE, uint64(binary.LittleEndian.Uint32(fds[:])))
+	}
+	tr.Syscall(unix.SYS_MUNMAP, a.mem, a.memLen)
+	if a.lifeline >= 0 {
+		unix.Close(a.lifeline)
+		a.lifeline = -1
+	}
 }
 
 // waitAttached waits, holding the tracee's threads, until its agent has said hello (ready).
