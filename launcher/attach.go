@@ -66,8 +66,10 @@ type attachment struct {
 	// lifeline is the write end of the attached process's lifeline (its fork children's are
 	// held by their control connections, handleConn); -1 once closed.
 	lifeline int
-	// known: fork children looked at (entered, or not farmem's to enter); the main loop's.
-	known map[int]bool
+	// known: fork children looked at (entered, or not farmem's to enter), by pid, with their
+	// start time (a pid is reused: a new child with an old one's pid is looked at anew); the main
+	// loop's.
+	known map[int]uint64
 }
 
 // CheckAttachable returns why farmem cannot attach to process pid, in one line, or nil.
@@ -159,7 +161,7 @@ func Attach(o Options, pid int) (int, error) {
 	}
 	rt.Start()
 	defer rt.Close()
-	a := &attachment{rt: rt, img: img, sock: sock, agents: &staticAgents{}, pid: pid, lifeline: -1, known: map[int]bool{}}
+	a := &attachment{rt: rt, img: img, sock: sock, agents: &staticAgents{}, pid: pid, lifeline: -1, known: map[int]uint64{}}
 	go acceptLoop(ln, rt, a.agents)
 	if o.StatsEvery > 0 {
 		stop := make(chan struct{})
@@ -181,7 +183,7 @@ func Attach(o Options, pid int) (int, error) {
 	defer signal.Stop(sigs)
 	// The children the process has now are not farmem's: forked before it came.
 	for _, c := range childrenOf(pid) {
-		a.known[c] = true
+		a.known[c] = startTime(c)
 	}
 	if err := a.enter(); err != nil {
 		return 0, err
@@ -331,12 +333,14 @@ func waitAttached(tr *inject.Tracee, ready <-chan error) error {
 // hello: each gets its own copy of its uffd, a lifeline and an agent thread, through the agent's
 // fork entry (agent.c, fm_fork_child), as a static program's child does.
 func (a *attachment) enterChildren() {
+	a.forgetGone()
 	for _, ppid := range a.rt.ForkParents() {
 		for _, c := range childrenOf(ppid) {
-			if a.known[c] || a.rt.Lookup(c) != nil {
+			st := startTime(c)
+			if seen, ok := a.known[c]; (ok && seen == st) || a.rt.Lookup(c) != nil {
 				continue
 			}
-			a.known[c] = true
+			a.known[c] = st
 			if err := a.enterChild(c, ppid); err != nil {
 				fmt.Fprintf(os.Stderr, "farmem: fork child %d of process %d could not be entered, and was killed: %v\n", c, ppid, err)
 				unix.Kill(c, unix.SIGKILL)
@@ -414,6 +418,37 @@ func (a *attachment) claimFork(tr *inject.Tracee, ppid int) error {
 		err2 = fmt.Errorf("munmap of the probe page: %w", err)
 	}
 	return err2
+}
+
+// forgetGone drops the known children that have exited, once there are many.
+func (a *attachment) forgetGone() {
+	if len(a.known) < 4096 {
+		return
+	}
+	for pid, st := range a.known {
+		if startTime(pid) != st {
+			delete(a.known, pid)
+		}
+	}
+}
+
+// startTime is when process pid started (field 22 of its stat, in clock ticks since boot); 0 if
+// it is gone.
+func startTime(pid int) uint64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:])) // f[0] is field 3
+	if len(f) < 20 {
+		return 0
+	}
+	st, _ := strconv.ParseUint(f[19], 10, 64)
+	return st
 }
 
 // childrenOf lists the children of every thread of pid.
