@@ -209,7 +209,10 @@ loop:
 			err := a.detach()
 			rt.Stats.PeakAnonPages.Store(peak)
 			if err != nil {
-				return 0, fmt.Errorf("detaching from process %d: %w", pid, err)
+				// Exiting now could kill what is not let go yet (its lifeline): it is served on,
+				// no longer evicted, until it exits or a signal tries again.
+				fmt.Fprintf(os.Stderr, "farmem: detaching from process %d: %v; still attached (evicting nothing): SIGINT, SIGTERM or SIGHUP tries again\n", pid, err)
+				continue
 			}
 			detached = true
 			break loop

@@ -215,6 +215,10 @@ func (p *Process) evictedRuns() ([][2]uint64, error) {
 // lifeline and copy of the uffd) and end its thread, and waits until the thread is gone, so
 // that its memory may be unmapped. Call it after BringBack, with p's threads stopped.
 func (p *Process) DetachAgent() error {
+	task := fmt.Sprintf("/proc/%d/task/%d", p.Pid(), p.agentTid.Load())
+	if err := unix.Access(task, unix.F_OK); errors.Is(err, unix.ENOENT) {
+		return nil // gone already: a detach tried before got this far
+	}
 	p.agentMu.Lock()
 	a := p.agent
 	p.agentMu.Unlock()
@@ -225,7 +229,6 @@ func (p *Process) DetachAgent() error {
 	if err := d.Detach(); err != nil {
 		return fmt.Errorf("process %d: detaching its agent: %w", p.Pid(), err)
 	}
-	task := fmt.Sprintf("/proc/%d/task/%d", p.Pid(), p.agentTid.Load())
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if err := unix.Access(task, unix.F_OK); errors.Is(err, unix.ENOENT) {
