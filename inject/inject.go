@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -141,10 +142,13 @@ func (t *Tracee) Regs() (unix.PtraceRegs, error) {
 // killed meanwhile: then its end is reaped and returned.
 func (t *Tracee) fail(op string, err error) error {
 	if err == unix.ESRCH {
+		// Not waited for without end: a process's main thread is reported only once its other
+		// threads are reaped, and those a Group held are reported to us, not waited for here.
 		var ws unix.WaitStatus
-		for {
-			_, werr := unix.Wait4(t.pid, &ws, unix.WALL, nil)
-			if werr == unix.EINTR {
+		for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+			pid, werr := unix.Wait4(t.pid, &ws, unix.WALL|unix.WNOHANG, nil)
+			if werr == unix.EINTR || (werr == nil && pid == 0) {
+				time.Sleep(time.Millisecond)
 				continue
 			}
 			if werr == nil && (ws.Exited() || ws.Signaled()) {

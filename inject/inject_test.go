@@ -30,6 +30,8 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	case "fork", "badclone":
 		forker(os.Getenv(helperEnv))
+	case "sleeper":
+		sleeper()
 	}
 	os.Stdout.WriteString("helper ran\n")
 	os.Exit(7)

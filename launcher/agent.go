@@ -259,3 +259,18 @@ func (a *agentConn) Close() error {
 	a.fd = -1
 	return unix.Close(fd)
 }
+
+// Detach implements runtime.Agent: the agent undoes what it holds in its process (agent.h,
+// detach_agent) and ends its thread.
+func (a *agentConn) Detach() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	m, _, err := a.ask(msg{Type: msgDetach})
+	if err != nil {
+		return err
+	}
+	if m.Type != msgDetachOK {
+		return fmt.Errorf("agent answered message type %d to a detach", m.Type)
+	}
+	return nil
+}

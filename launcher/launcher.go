@@ -88,32 +88,14 @@ func Run(o Options) (int, error) {
 	if err := os.WriteFile(shim, shimSO, 0o555); err != nil {
 		return 0, fmt.Errorf("writing the preload shim: %w", err)
 	}
-	var rnd [8]byte
-	rand.Read(rnd[:])
-	sock := fmt.Sprintf("@farmem-%d-%s", os.Getpid(), hex.EncodeToString(rnd[:]))
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	ln, sock, err := listen()
 	if err != nil {
-		return 0, fmt.Errorf("listening for the shim: %w", err)
+		return 0, err
 	}
 	defer ln.Close()
 
 	say := &announcer{o: o}
-	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat, LastStayGuess: o.LastStayGuess,
-		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace,
-		// Said from a goroutine of its own: stderr may be slow to take it, and the RSS poll
-		// that armed the run must not wait on it.
-		OnArm: func(b int64) { go say.armed(b) }}
-	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
-		if err := o.Prefetch.Validate(); err != nil {
-			return 0, err
-		}
-		cfg.NewPrefetcher = func() prefetch.Prefetcher {
-			p, _ := prefetch.New(o.Prefetch) // validated above
-			return p
-		}
-		cfg.PrefetchCachePages = o.PrefetchCachePages
-	}
-	rt, err := runtime.New(cfg)
+	rt, err := newRuntime(o, say, false)
 	if err != nil {
 		return 0, err
 	}
@@ -249,6 +231,40 @@ wait:
 		}
 	}
 	return status, nil
+}
+
+// listen listens on an abstract unix SOCK_SEQPACKET socket with a random name, for the shim's
+// and the agents' connections, and returns it with its name ('@': abstract).
+func listen() (*net.UnixListener, string, error) {
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	sock := fmt.Sprintf("@farmem-%d-%s", os.Getpid(), hex.EncodeToString(rnd[:]))
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		return nil, "", fmt.Errorf("listening for the shim: %w", err)
+	}
+	return ln, sock, nil
+}
+
+// newRuntime makes the runtime of a run or an attach from its options (noFilter:
+// runtime.Config.NoFilter).
+func newRuntime(o Options, say *announcer, noFilter bool) (*runtime.Runtime, error) {
+	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat, LastStayGuess: o.LastStayGuess,
+		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace, NoFilter: noFilter,
+		// Said from a goroutine of its own: stderr may be slow to take it, and the RSS poll
+		// that armed the run must not wait on it.
+		OnArm: func(b int64) { go say.armed(b) }}
+	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
+		if err := o.Prefetch.Validate(); err != nil {
+			return nil, err
+		}
+		cfg.NewPrefetcher = func() prefetch.Prefetcher {
+			p, _ := prefetch.New(o.Prefetch) // validated above
+			return p
+		}
+		cfg.PrefetchCachePages = o.PrefetchCachePages
+	}
+	return runtime.New(cfg)
 }
 
 // writeLatency writes every fault-service and eviction-batch latency farmem measured, as CSV:

@@ -30,6 +30,8 @@ const (
 	msgMoveDone    = 14
 	msgStaging     = 15
 	msgStagingOK   = 16
+	msgDetach      = 17
+	msgDetachOK    = 18
 
 	protoVersion = 5
 	msgSize      = 40

@@ -122,30 +122,9 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 		err = fmt.Errorf("putting farmem's agent into %s: %w", cmd.Path, err)
 	}()
 
-	mem, err := mapAgent(tr, img, sock)
+	mem, fd, lifeline, err := injectAgent(tr, img, sock)
 	if err != nil {
 		return -1, err
-	}
-	scratch := mem + pageSize // the stack's low end: free until the agent thread runs
-	theirUffd, fd, err := makeUffd(tr, scratch)
-	if err != nil {
-		return -1, err
-	}
-	theirLifeline, lifeline, err := makeLifeline(tr, scratch)
-	if err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	var fds [4]byte
-	binary.LittleEndian.PutUint32(fds[:], uint32(theirUffd))
-	if err := tr.Write(mem+agentOffset+img.params+paramUffd, fds[:]); err != nil {
-		unix.Close(fd)
-		return lifeline, err
-	}
-	binary.LittleEndian.PutUint32(fds[:], uint32(theirLifeline))
-	if err := tr.Write(mem+agentOffset+img.params+paramLifeline, fds[:]); err != nil {
-		unix.Close(fd)
-		return lifeline, err
 	}
 	p, err := rt.Attach(pid, fd)
 	if err != nil {
@@ -183,6 +162,42 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 			p.Rescan()
 		}
 	})
+}
+
+// injectAgent puts farmem's agent into the tracee without starting it (mapAgent), makes its
+// userfaultfd and lifeline, and writes their numbers into the agent's parameters. It returns the
+// agent's memory, farmem's copy of the uffd and the lifeline's write end; on failure it has
+// closed what it took.
+func injectAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, fd, lifeline int, err error) {
+	if mem, err = mapAgent(tr, img, sock); err != nil {
+		return 0, -1, -1, err
+	}
+	scratch := mem + pageSize // the stack's low end: free until the agent thread runs
+	theirUffd, fd, err := makeUffd(tr, scratch)
+	if err != nil {
+		return 0, -1, -1, err
+	}
+	theirLifeline, lifeline, err := makeLifeline(tr, scratch)
+	if err != nil {
+		unix.Close(fd)
+		return 0, -1, -1, err
+	}
+	var fds [8]byte
+	binary.LittleEndian.PutUint32(fds[:], uint32(theirUffd))
+	if err == nil {
+		err = tr.Write(mem+agentOffset+img.params+paramUffd, fds[:4])
+	}
+	binary.LittleEndian.PutUint32(fds[4:], uint32(theirLifeline))
+	if err == nil {
+		err = tr.Write(mem+agentOffset+img.params+paramLifeline, fds[4:])
+	}
+	if err != nil {
+		unix.Close(fd)
+		tr.Syscall(unix.SYS_CLOSE, uint64(theirLifeline)) // first: the write end's close would kill it
+		unix.Close(lifeline)
+		return 0, -1, -1, err
+	}
+	return mem, fd, lifeline, nil
 }
 
 // carriesAgent reports whether thread tid's process still has the agent farmem put in it: its

@@ -47,6 +47,10 @@ func (rt *Runtime) filterMappings(p *Process) {
 	if a == nil || !p.filtered.CompareAndSwap(false, true) {
 		return
 	}
+	if rt.cfg.NoFilter {
+		close(p.filterDone) // InstallFilter: nothing to install, and nothing failed
+		return
+	}
 	fd, err := a.Filter(rt.cfg.MinRegister, p.forks.Load() != nil)
 	if errors.Is(err, unix.EBUSY) {
 		err = nil // a filter inherited from a parent has a listener already: ours, serving it

@@ -80,6 +80,9 @@ type Process struct {
 	// ioctl on a closed (or reused) fd.
 	life    sync.RWMutex
 	retired bool // protected by life
+	// detaching: farmem is letting the process go (attach.go): no batch takes its pages, its
+	// faults never wait for room, nothing more is registered.
+	detaching atomic.Bool
 }
 
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
@@ -103,7 +106,7 @@ func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, err
 // Hold implements evictor.Target.
 func (p *Process) Hold() bool {
 	p.life.RLock()
-	if p.retired {
+	if p.retired || p.detaching.Load() {
 		p.life.RUnlock()
 		return false
 	}
@@ -126,7 +129,7 @@ func (p *Process) Table() *pagetable.PageTable { return p.table }
 func (p *Process) CanEvict() bool {
 	p.agentMu.Lock()
 	defer p.agentMu.Unlock()
-	return p.agent != nil && p.pid.Load() != 0
+	return p.agent != nil && p.pid.Load() != 0 && !p.detaching.Load()
 }
 
 // Drop implements evictor.Target.
@@ -214,7 +217,7 @@ func (p *Process) Faulting(tid int32) {
 // or memory the page tables do not track): the program goes over its cap, counted and said at
 // exit, rather than hang.
 func (p *Process) MustWait(tid int32) bool {
-	if !p.rt.overCap() || p.makesRoom(tid) || !p.CanEvict() {
+	if !p.rt.overCap() || p.makesRoom(tid) || !p.CanEvict() { // CanEvict: false while detaching
 		return false
 	}
 	if ev := p.rt.evictor; ev.Starved() && !p.rt.arming.Load() {

@@ -97,10 +97,20 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 	}
 	unix.Close(fd)
 	deadline := time.Now().Add(10 * time.Second)
+	// The queue may hold only events of children gone (exited, or forks that failed) while
+	// this child's own event, read already, is not in it yet: wait for one of a live child.
+	var parent, c *Process
 	rt.mu.Lock()
 	for {
-		if parent := rt.byPid[ppid]; parent != nil && len(rt.forks[parent]) > 0 {
-			break
+		if parent = rt.byPid[ppid]; parent != nil && len(rt.forks[parent]) > 0 {
+			var gone []*Process
+			c, gone = rt.nextForkedLocked(parent, pid)
+			for _, g := range gone {
+				defer rt.retire(g)
+			}
+			if c != nil {
+				break
+			}
 		}
 		rt.mu.Unlock()
 		if time.Now().After(deadline) {
@@ -108,15 +118,6 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 		}
 		time.Sleep(200 * time.Microsecond)
 		rt.mu.Lock()
-	}
-	parent := rt.byPid[ppid]
-	c, gone := rt.nextForkedLocked(parent, pid)
-	for _, g := range gone {
-		defer rt.retire(g)
-	}
-	if c == nil {
-		rt.mu.Unlock()
-		return nil, fmt.Errorf("fork child %d: its parent %d's FORK events were all of forks that failed", pid, ppid)
 	}
 	c.pid.Store(int32(pid))
 	c.forks.Store(parent.forks.Load())

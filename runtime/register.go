@@ -29,7 +29,7 @@ func (p *Process) Register(start, length uint64) error {
 func (p *Process) register(start, length uint64) (fresh bool, err error) {
 	p.regMu.Lock()
 	defer p.regMu.Unlock()
-	if end, ok := p.registered[start]; ok && end == start+length {
+	if end, ok := p.registered[start]; (ok && end == start+length) || p.detaching.Load() {
 		return false, nil
 	}
 	if _, err := uffd.Register(p.fd, start, length, RegisterMode); err != nil {

@@ -49,6 +49,9 @@ type Config struct {
 	Tracing *fetcher.Tracing
 	// EvictTrace, if set, gets every eviction batch once it is done.
 	EvictTrace func(*evictor.BatchRecord)
+	// NoFilter: no process of the run gets the mapping filter (farmem attach, attach.go: a
+	// seccomp filter cannot be taken out of a process again). The rescan finds its mappings.
+	NoFilter bool
 	// OnArm, if set, is called once when the run arms after it started unarmed, with the
 	// programs' anonymous memory then, from the RSS poll's goroutine (never a fault's).
 	OnArm func(anonBytes int64)

@@ -121,7 +121,7 @@ func newApp() *cli.App {
 			}
 			return cli.ShowAppHelp(c)
 		},
-		Commands: []*cli.Command{runCommand(), memserverCommand(), ctrlCommand(), statusCommand(), certCommand(), simCommand(),
+		Commands: []*cli.Command{runCommand(), attachCommand(), memserverCommand(), ctrlCommand(), statusCommand(), certCommand(), simCommand(),
 			doctorCommand(), versionCommand(), helpCommand()},
 	}
 	// No command has subcommands, so none needs urfave/cli's help subcommand; with it,

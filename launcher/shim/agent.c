@@ -86,10 +86,18 @@ __asm__(".text\n"
 	"	call fm_agent_thread\n"
 	"1:	ret\n");
 
+/* spawn_agent starts the agent thread with every signal blocked from its first instruction: in a
+ * process farmem attached to, the program's handlers are installed, and while farmem holds every
+ * other thread stopped the new thread is the only one a signal for the process can go to. The
+ * calling thread's mask is put back after. */
 static long spawn_agent(void)
 {
-	return fm_clone_thread(CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM,
-			       fm_params.stack_top);
+	uint64_t all = ~0ULL, old = 0;
+	raw6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&old, sizeof all, 0, 0);
+	long tid = fm_clone_thread(CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM,
+				   fm_params.stack_top);
+	raw6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, sizeof old, 0, 0);
+	return tid;
 }
 
 /* fm_start: in the program farmem started, stopped before its first instruction: farmem has made

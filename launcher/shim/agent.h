@@ -53,6 +53,9 @@ enum {
 	MSG_MOVE_DONE = 14,   /* agent->rt: n=pages; a status byte a page follows (0 moved, else errno) */
 	MSG_STAGING = 15,     /* rt->agent: a=bytes; map the staging area (see make_staging) */
 	MSG_STAGING_OK = 16,  /* agent->rt: a=its address (0: none), b=errno */
+	MSG_DETACH = 17,      /* rt->agent: farmem lets the process go (farmem attach): unmap the staging
+			       * area, close every descriptor of farmem's, answer, and end the thread */
+	MSG_DETACH_OK = 18,   /* agent->rt: done; the thread exits right after */
 	PROTO_VERSION = 5,
 	MAX_RUNS = 128,
 	MAX_MOVE_PAGES = 256,
@@ -293,6 +296,7 @@ static int open_uffd(void)
  * the two processes saved per batch), and a fork child does not inherit its registration
  * (stage_ufd has no EVENT_FORK). Nobody reads stage_ufd: nothing ever faults in the area. */
 static int stage_ufd = -1;
+static uint64_t stage_addr, stage_len; /* for detach_agent */
 static uint64_t make_staging(uint64_t bytes, uint64_t *err)
 {
 	long a = exempt6(SYS_mmap, 0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -309,6 +313,7 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
 		return 0;
 	}
 	stage_ufd = fd;
+	stage_addr = (uint64_t)a, stage_len = bytes;
 	return (uint64_t)a;
 }
 
@@ -475,6 +480,27 @@ static void fork_child_hello(const char *sock)
 	if (ctl < 0 || ufd < 0 || hello(1, features) < 0) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
 }
 
+/* detach_agent undoes what the agent holds in the process when farmem lets it go (farmem attach's
+ * detach): the staging area (empty: no batch runs once farmem detaches) and its uffd, the drop
+ * pidfd, the lifeline's read end (before farmem closes the write end, whose close would otherwise
+ * kill the process), the process's copy of its uffd (farmem keeps its own until it has
+ * unregistered every range) and the control connection. */
+static void detach_agent(void)
+{
+	if (stage_addr) exempt6(SYS_munmap, stage_addr, stage_len, 0, 0, 0, 0);
+	stage_addr = 0;
+	close_fd(&stage_ufd);
+	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
+	drop_pidfd = -1;
+	/* The lifeline's open file, not this descriptor, is set to signal: fork children that
+	 * farmem has not entered yet hold copies of it, and its owner would be killed when farmem
+	 * closes the write end. */
+	if (lifeline >= 0) raw6(SYS_fcntl, lifeline, F_SETFL, O_NONBLOCK, 0, 0, 0);
+	close_fd(&lifeline);
+	close_fd(&ufd);
+	close_fd(&ctl);
+}
+
 /* agent_serve runs the agent thread's work on agent_sock, for ever: it says AGENT_HELLO (the
  * thread's id, and the memory it works from, [mem, mem+mem_len), which the runtime must never
  * evict: its stack), then executes the runtime's requests. The caller has blocked every signal:
@@ -508,6 +534,15 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 			else done.b = EEXIST;
 			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 			continue;
+		}
+		if (m->type == MSG_DETACH) {
+			detach_agent();
+			struct fm_msg done = { .type = MSG_DETACH_OK, .version = PROTO_VERSION };
+			send_msg(agent_sock, &done, sizeof done, -1);
+			close_fd(&agent_sock);
+			/* The thread's stack is in farmem's memory, which farmem unmaps once the thread
+			 * is gone: nothing of it is touched after this call. */
+			for (;;) raw6(SYS_exit, 0, 0, 0, 0, 0, 0);
 		}
 		if (m->type == MSG_AGENT_READY) {
 			fm_agent_ready();
