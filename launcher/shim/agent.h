@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
+#include <linux/futex.h>
 #include <linux/seccomp.h>
 #include <linux/userfaultfd.h>
 #include <sched.h>
@@ -317,6 +318,35 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
 	return (uint64_t)a;
 }
 
+/* move_lock keeps a fork from copying the program's memory while the agent moves pages out of
+ * it. fork copies the address space one mapping after another, each locked as it is reached,
+ * while UFFDIO_MOVE locks only the two mappings it touches: a page moved from a program mapping
+ * not yet copied into a staging area already copied is in neither of the child's copies, and
+ * the child, whose page table says it was staged, would find it nowhere. The shim's atfork
+ * prepare handler takes the lock (fork_lock_moves) and its parent and child handlers release
+ * it; the agent holds it across each batch's moves. A fork that the shim does not see (a raw
+ * clone, a static program's, whose forks the runtime enters through the mapping filter) is not
+ * held back by it. A three-state futex lock (0 free, 1 held, 2 held with waiters): the agent
+ * has no libc. */
+static int move_lock;
+
+static void lock_moves(void)
+{
+	int c = 0;
+	if (__atomic_compare_exchange_n(&move_lock, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+	if (c != 2) c = __atomic_exchange_n(&move_lock, 2, __ATOMIC_ACQUIRE);
+	while (c != 0) {
+		raw6(SYS_futex, (long)&move_lock, FUTEX_WAIT_PRIVATE, 2, 0, 0, 0);
+		c = __atomic_exchange_n(&move_lock, 2, __ATOMIC_ACQUIRE);
+	}
+}
+
+static void unlock_moves(void)
+{
+	if (__atomic_exchange_n(&move_lock, 0, __ATOMIC_RELEASE) == 2)
+		raw6(SYS_futex, (long)&move_lock, FUTEX_WAKE_PRIVATE, 1, 0, 0, 0);
+}
+
 /* UFFDIO_MOVE (Linux 6.8); our build headers may predate it. */
 struct fm_uffdio_move { uint64_t dst, src, len, mode; int64_t move; };
 #define FM_UFFDIO_MOVE 0xC028AA05UL /* _IOWR(UFFDIO, 0x05, struct uffdio_move) */
@@ -566,8 +596,10 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 			uint8_t *st = (uint8_t *)(out + sizeof *d);
 			for (int k = 0; k < pages; k++) st[k] = ECANCELED; /* past the runs: never asked */
 			unsigned char before[MAX_MOVE_PAGES];
+			lock_moves();
 			long mc = raw6(SYS_mincore, m->a, pages * FM_PAGE, (long)before, 0, 0, 0);
 			move_runs(runs, nruns, m->a, st, pages);
+			unlock_moves();
 			if (mc == 0) reconcile_moves(m->a, st, pages, before);
 			if (send_msg(agent_sock, out, sizeof *d + pages, -1) < 0) die_runtime_lost();
 			continue;

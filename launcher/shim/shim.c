@@ -128,8 +128,14 @@ out:
 	__atomic_store_n(&init_spin, 0, __ATOMIC_RELEASE);
 }
 
+/* A fork waits for the agent's moves in flight, and none starts until the fork is done
+ * (move_lock in agent.h says why). */
+static void atfork_prepare(void) { lock_moves(); }
+static void atfork_parent(void) { unlock_moves(); }
+
 static void atfork_child(void)
 {
+	__atomic_store_n(&move_lock, 0, __ATOMIC_RELEASE); /* the child's agent is not the parent's */
 	if (state != 1) return;
 	pthread_mutex_init(&ctl_lock, NULL);
 	const char *path = getenv("FARMEM_SOCK");
@@ -181,7 +187,7 @@ __attribute__((constructor)) static void ctor(void)
 	have_own_cpus = sched_getaffinity(0, sizeof own_cpus, &own_cpus) == 0 && CPU_COUNT(&own_cpus) > 1;
 	if (state == 0) init();
 	if (state == 1) start_agent();
-	pthread_atfork(NULL, NULL, atfork_child);
+	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
 static void register_range(uint64_t addr, uint64_t len)
