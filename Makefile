@@ -148,7 +148,7 @@ bench-writeguess: build
 # the fault-service table needs userfaultfd): results/fabric.md.
 .PHONY: bench-fabric bin/bench-fabric bench-writeguess
 bench-fabric: bin/bench-fabric
-	bin/bench-fabric -out results/fabric.md
+	bin/bench-fabric -commit $(COMMIT) -out results/fabric.md
 bin/bench-fabric:
 	@mkdir -p bin
 	$(GO) build -o $@ ./workloads/bench/fabric

@@ -9,9 +9,9 @@ package pagetable
 // it, what the evictor does to tell: copy it out, checksum it and store it again, where a Clean
 // page unwritten is dropped in place. The WP fault costs several times the copy and the store
 // (results/writeguess/writeguess.md has both, per page), so guessing for every page pays once
-// more than about a fifth of the stays write. WasWritten alone misses a page whose last stay only read
-// it: a program that writes most pages it reads back (xz's match finder) took a WP fault on a
-// quarter of them that way.
+// more than about a fifth of the stays write. WasWritten alone misses a page whose last stay
+// only read it: a program that writes most pages it reads back (xz's match finder) took a WP
+// fault on about a fifth of them that way.
 //
 // So it counts, over windows of guessWindow such stays, how many wrote their page (a Clean
 // page's by its WP fault, a guessed page's by its checksum), and guesses for every page while

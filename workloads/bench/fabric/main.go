@@ -64,6 +64,7 @@ var (
 	faults    = flag.Int("faults", 8192, "faults per fault-service measurement (0: skip)")
 	rounds    = flag.Int("rounds", 5, "interleaved rounds every measurement is split into")
 	spin      = flag.Duration("spin", 50*time.Microsecond, "the polling variants' Spin")
+	commit    = flag.String("commit", "", "the farmem commit measured, named in the report (make bench-fabric passes it)")
 	serveMode = flag.String("serve", "", "internal: run the servers, with the unix socket at this path")
 )
 
@@ -662,8 +663,8 @@ func report(lat, thr, flt []*path, ps string) error {
 		idle = append(bytes.TrimSpace(idle), []byte(", guest_halt_poll_ns "+strings.TrimSpace(string(ns)))...)
 	}
 	fmt.Fprintf(&b, "# fabric transports vs raw floors\n\n")
-	fmt.Fprintf(&b, "Made by `make bench-fabric`, which ran `%s`, on %s: Linux %s, %d CPUs (cpuidle %s), %s.\n\n",
-		strings.Join(append([]string{"bin/bench-fabric"}, os.Args[1:]...), " "), time.Now().UTC().Format("2006-01-02 15:04 MST"),
+	fmt.Fprintf(&b, "Made by `make bench-fabric`, which ran `%s`, at commit %s on %s: Linux %s, %d CPUs (cpuidle %s), %s.\n\n",
+		strings.Join(append([]string{"bin/bench-fabric"}, os.Args[1:]...), " "), cmp.Or(*commit, "(not given)"), time.Now().UTC().Format("2006-01-02 15:04 MST"),
 		unix.ByteSliceToString(uname.Release[:]), runtime.NumCPU(), strings.TrimSpace(string(idle)), runtime.Version())
 	fmt.Fprintf(&b, "The memory servers and the raw echo server run in a child process; one request in flight unless a row says otherwise; "+
 		"every path measured in %d interleaved rounds (order rotated), histograms merged. The round trips are measured unpinned (where the scheduler puts "+
