@@ -162,19 +162,7 @@ func Attach(o Options, pid int) (int, error) {
 	rt.Start()
 	defer rt.Close()
 	a := &attachment{rt: rt, img: img, sock: sock, agents: &staticAgents{}, pid: pid, lifeline: -1, known: map[int]uint64{}}
-	go acceptLoop(ln, rt, a.agents)
-	if o.StatsEvery > 0 {
-		stop := make(chan struct{})
-		defer close(stop)
-		go statsLoop(rt, o.StatsEvery, stop)
-	}
-	if l, ok := o.Backend.(interface{ Lost() <-chan error }); ok {
-		go func() {
-			if err, ok := <-l.Lost(); ok {
-				rt.Fail(err)
-			}
-		}()
-	}
+	defer serve(rt, o, ln, a.agents)()
 	// Before entering: a SIGINT meanwhile detaches as soon as farmem is in.
 	// SIGHUP too: a terminal that closes must not kill the process farmem serves (farmem's death
 	// would, through its lifeline).

@@ -108,21 +108,7 @@ func Run(o Options) (int, error) {
 	rt.Start()
 	defer rt.Close()
 	agents := &staticAgents{}
-	go acceptLoop(ln, rt, agents)
-	if o.StatsEvery > 0 {
-		stop := make(chan struct{})
-		defer close(stop)
-		go statsLoop(rt, o.StatsEvery, stop)
-	}
-	if l, ok := o.Backend.(interface{ Lost() <-chan error }); ok {
-		// A store that can lose pages (memory servers) says so at once: the program is stopped
-		// then, not when it next touches a lost page.
-		go func() {
-			if err, ok := <-l.Lost(); ok {
-				rt.Fail(err)
-			}
-		}()
-	}
+	defer serve(rt, o, ln, agents)()
 
 	cmd := exec.Command(o.Argv[0], o.Argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
@@ -248,6 +234,26 @@ func listen() (*net.UnixListener, string, error) {
 
 // newRuntime makes the runtime of a run or an attach from its options (noFilter:
 // runtime.Config.NoFilter).
+// serve starts what every run and attachment has beside its runtime: the shims' and agents'
+// connections, the periodic stats, and a stop of every process as soon as the store says it
+// lost pages (memory servers), not when a process next touches one. The function it returns
+// ends the stats.
+func serve(rt *runtime.Runtime, o Options, ln *net.UnixListener, agents *staticAgents) (stop func()) {
+	go acceptLoop(ln, rt, agents)
+	done := make(chan struct{})
+	if o.StatsEvery > 0 {
+		go statsLoop(rt, o.StatsEvery, done)
+	}
+	if l, ok := o.Backend.(interface{ Lost() <-chan error }); ok {
+		go func() {
+			if err, ok := <-l.Lost(); ok {
+				rt.Fail(err)
+			}
+		}()
+	}
+	return func() { close(done) }
+}
+
 func newRuntime(o Options, say *announcer, noFilter bool) (*runtime.Runtime, error) {
 	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat, LastStayGuess: o.LastStayGuess,
 		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace, NoFilter: noFilter,

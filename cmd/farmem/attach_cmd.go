@@ -57,15 +57,9 @@ func attachCommand() *cli.Command {
 
 // attachAction is farmem attach: flags first, then the process, then the machine (all 125).
 func attachAction(c *cli.Context) error {
-	if !c.IsSet("local-mem") {
-		return usagef("--local-mem SIZE is required: how much local memory the process may use")
-	}
-	capBytes, err := parseMemSize(c.String("local-mem"))
+	capBytes, err := localMem(c, "process")
 	if err != nil {
-		return usagef("--local-mem: %v", err)
-	}
-	if capBytes < minLocalMem {
-		return usagef("--local-mem %s (%s) is below the minimum of 16MiB", c.String("local-mem"), formatSize(capBytes))
+		return err
 	}
 	if c.NArg() != 1 {
 		return usagef("give one process id: usage is farmem attach --local-mem SIZE PID")

@@ -178,18 +178,28 @@ func runCommand() *cli.Command {
 	}
 }
 
-// runAction is farmem run. It checks farmem's flags first (125), then the program (126, 127),
-// then what farmem needs from the machine and the cluster (125).
-func runAction(c *cli.Context) error {
+// localMem is the cap --local-mem gives, for run and attach alike (the usage error, 125, if it
+// is missing, unreadable or below the minimum); what names what is capped in the error.
+func localMem(c *cli.Context, what string) (int64, error) {
 	if !c.IsSet("local-mem") {
-		return usagef("--local-mem SIZE is required: how much local memory the program may use")
+		return 0, usagef("--local-mem SIZE is required: how much local memory the %s may use", what)
 	}
 	capBytes, err := parseMemSize(c.String("local-mem"))
 	if err != nil {
-		return usagef("--local-mem: %v", err)
+		return 0, usagef("--local-mem: %v", err)
 	}
 	if capBytes < minLocalMem {
-		return usagef("--local-mem %s (%s) is below the minimum of 16MiB", c.String("local-mem"), formatSize(capBytes))
+		return 0, usagef("--local-mem %s (%s) is below the minimum of 16MiB", c.String("local-mem"), formatSize(capBytes))
+	}
+	return capBytes, nil
+}
+
+// runAction is farmem run. It checks farmem's flags first (125), then the program (126, 127),
+// then what farmem needs from the machine and the cluster (125).
+func runAction(c *cli.Context) error {
+	capBytes, err := localMem(c, "program")
+	if err != nil {
+		return err
 	}
 	argv := c.Args().Slice()
 	if len(argv) == 0 {
