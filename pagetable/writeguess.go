@@ -10,8 +10,8 @@ package pagetable
 // page unwritten is dropped in place. The WP fault costs several times the copy and the store
 // (results/writeguess/writeguess.md has both, per page), so guessing for every page pays once
 // more than about a fifth of the stays write. WasWritten alone misses a page whose last stay
-// only read it: a program that writes most pages it reads back (xz's match finder) took a WP
-// fault on about a fifth of them that way.
+// only read it, and a program that writes most pages it reads back (xz's match finder) then
+// takes a WP fault on many of them (results/writeguess/writeguess.md).
 //
 // So it counts, over windows of guessWindow such stays, how many wrote their page (a Clean
 // page's by its WP fault, a guessed page's by its checksum), and guesses for every page while

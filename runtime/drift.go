@@ -13,7 +13,8 @@ import "time"
 // is for: it registers the mapping and adopts the pages. So the gap a rescan leaves is the
 // first kind, the process's baseline, and only growth of the gap beyond it calls for a rescan
 // at once. Without the baseline, a program holding more than driftPages of unregistrable memory
-// (a JVM's) was rescanned at every poll, its whole /proc/PID/maps read every fastestPoll.
+// (a JVM does) would be rescanned at every poll, its whole /proc/PID/maps read every
+// fastestPoll.
 // Otherwise a process is rescanned every rescanEvery.
 //
 // K is the process's key (the loop's *Process; tests use ints). Only the rescan loop calls it.
