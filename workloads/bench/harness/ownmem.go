@@ -2,7 +2,7 @@ package main
 
 import "math"
 
-// ownMemSlack is the constant part of issue 18's target for farmem's own memory: its RSS at
+// ownMemSlack is the constant part of the target for farmem's own memory: its RSS at
 // most 1.1 times the bytes its store holds and this much (its code, heap and stacks).
 const ownMemSlack = 64 << 20
 
