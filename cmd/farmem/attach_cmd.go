@@ -7,7 +7,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/launcher"
 	"github.com/farmem/farmem/pagetable"
 )
@@ -40,6 +39,7 @@ func attachCommand() *cli.Command {
 			&cli.StringFlag{Name: "local-mem", Usage: "cap on the process's resident anonymous memory, at least 16MiB; required. SIZE as for\n\tfarmem run: 512m, 512MiB, 800MB, a byte count, or 25%"},
 			&cli.StringFlag{Name: "compress", Value: "none", Usage: "how the embedded backend keeps evicted pages: none, lz4 or zstd"},
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "as for farmem run: extra rounds of the eviction queue a page may earn (0 to 15)"},
+			writeGuessFlag(),
 			&cli.BoolFlag{Name: "quiet", Usage: "nothing on stderr but errors"},
 			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the summary to FILE as one JSON object, as farmem run does"},
 		}, prefetchFlags()...),
@@ -68,21 +68,9 @@ func attachAction(c *cli.Context) error {
 	if err != nil || pid <= 0 {
 		return usagef("%q is not a process id: give a positive number", c.Args().First())
 	}
-	pcfg, err := prefetchOptions(c)
+	o, codec, err := pagingOptions(c, capBytes)
 	if err != nil {
 		return err
-	}
-	cachePages, err := prefetchCachePages(c, capBytes)
-	if err != nil {
-		return err
-	}
-	heat := c.Int("evict-heat")
-	if heat < 0 || heat > maxEvictHeat {
-		return usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
-	}
-	codec, err := backend.CodecByName(c.String("compress"))
-	if err != nil {
-		return usagef("--compress: %v", err)
 	}
 	summaryJSON := c.String("summary-json")
 	if summaryJSON != "" {
@@ -96,13 +84,10 @@ func attachAction(c *cli.Context) error {
 	if err := checkUserfaultfd(); err != nil {
 		return err
 	}
-	var store backend.Backend = backend.NewMemory()
-	if codec != nil {
-		store = backend.NewCompressed(codec)
-	}
+	store := embeddedStore(codec)
 	defer store.Close()
-	status, err := launcher.Attach(launcher.Options{LocalMem: capBytes, Backend: store, Quiet: c.Bool("quiet"),
-		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), SummaryJSON: summaryJSON}, pid)
+	o.LocalMem, o.Backend, o.Quiet, o.SummaryJSON = capBytes, store, c.Bool("quiet"), summaryJSON
+	status, err := launcher.Attach(o, pid)
 	if err != nil {
 		return cli.Exit(err.Error(), exitFailed)
 	}

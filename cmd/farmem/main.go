@@ -158,7 +158,7 @@ func runCommand() *cli.Command {
 			ctrlTokenFlag("with --ctrl"),
 			caFlag(),
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
-			&cli.StringFlag{Name: "write-guess", Value: "auto", Usage: "how a page read back on a read is installed: auto (writable if its last stay wrote it, or\n\twhile most pages of the process read back are written: saves the write-protect fault), or last\n\t(writable only if its last stay wrote it: a page only read is later dropped without a copy)"},
+			writeGuessFlag(),
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the whole summary to FILE as one JSON object, in raw numbers (bytes, pages,\n\tnanoseconds, histograms' buckets; its fields are in the README), --quiet or not"},
 			// Hidden: enter a dynamic program by injection, as a static one is, instead of preloading
@@ -194,6 +194,46 @@ func localMem(c *cli.Context, what string) (int64, error) {
 	return capBytes, nil
 }
 
+// writeGuessFlag is --write-guess, for run and attach.
+func writeGuessFlag() cli.Flag {
+	return &cli.StringFlag{Name: "write-guess", Value: "auto", Usage: "how a page read back on a read is installed: auto (writable if its last stay wrote it, or\n\twhile most pages of the process read back are written: saves the write-protect fault), or last\n\t(writable only if its last stay wrote it: a page only read is later dropped without a copy)"}
+}
+
+// pagingOptions reads the flags run and attach share on how pages are prefetched, evicted,
+// installed and kept (usage errors, 125): the Options they set, and the embedded store's codec
+// (nil: none).
+func pagingOptions(c *cli.Context, capBytes int64) (launcher.Options, backend.Codec, error) {
+	pcfg, err := prefetchOptions(c)
+	if err != nil {
+		return launcher.Options{}, nil, err
+	}
+	cachePages, err := prefetchCachePages(c, capBytes)
+	if err != nil {
+		return launcher.Options{}, nil, err
+	}
+	heat := c.Int("evict-heat")
+	if heat < 0 || heat > maxEvictHeat {
+		return launcher.Options{}, nil, usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
+	}
+	guess := c.String("write-guess")
+	if guess != "auto" && guess != "last" {
+		return launcher.Options{}, nil, usagef("--write-guess %q: give auto or last", guess)
+	}
+	codec, err := backend.CodecByName(c.String("compress"))
+	if err != nil {
+		return launcher.Options{}, nil, usagef("--compress: %v", err)
+	}
+	return launcher.Options{Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), LastStayGuess: guess == "last"}, codec, nil
+}
+
+// embeddedStore is farmem's own store of evicted pages: raw, or compressed with codec.
+func embeddedStore(codec backend.Codec) backend.Backend {
+	if codec != nil {
+		return backend.NewCompressed(codec)
+	}
+	return backend.NewMemory()
+}
+
 // runAction is farmem run. It checks farmem's flags first (125), then the program (126, 127),
 // then what farmem needs from the machine and the cluster (125).
 func runAction(c *cli.Context) error {
@@ -205,25 +245,9 @@ func runAction(c *cli.Context) error {
 	if len(argv) == 0 {
 		return usagef("no program given: usage is farmem run --local-mem SIZE -- PROGRAM [ARGS...]")
 	}
-	pcfg, err := prefetchOptions(c)
+	paging, codec, err := pagingOptions(c, capBytes)
 	if err != nil {
 		return err
-	}
-	cachePages, err := prefetchCachePages(c, capBytes)
-	if err != nil {
-		return err
-	}
-	heat := c.Int("evict-heat")
-	if heat < 0 || heat > maxEvictHeat {
-		return usagef("--evict-heat %d: give 0 to %d", heat, maxEvictHeat)
-	}
-	guess := c.String("write-guess")
-	if guess != "auto" && guess != "last" {
-		return usagef("--write-guess %q: give auto or last", guess)
-	}
-	codec, err := backend.CodecByName(c.String("compress"))
-	if err != nil {
-		return usagef("--compress: %v", err)
 	}
 	if err := checkRemoteFlags(c); err != nil {
 		return err
@@ -241,10 +265,7 @@ func runAction(c *cli.Context) error {
 	}
 	argv[0] = path
 	inject := static || c.Bool("inject")
-	var store backend.Backend = backend.NewMemory()
-	if codec != nil {
-		store = backend.NewCompressed(codec)
-	}
+	store := embeddedStore(codec)
 	if c.IsSet("ctrl") {
 		if store, err = openRemote(c, argv); err != nil {
 			return err
@@ -271,10 +292,11 @@ func runAction(c *cli.Context) error {
 		return err
 	}
 	tracing, evictTrace := tel.Tracing(store)
-	status, err := launcher.Run(launcher.Options{LocalMem: capBytes, Argv: argv, Backend: store, Quiet: c.Bool("quiet"),
-		Prefetch: pcfg, PrefetchCachePages: cachePages, EvictHeat: uint8(heat), LastStayGuess: guess == "last", Trace: trace,
-		Tracing: tracing, EvictTrace: evictTrace, Observe: tel.Observe, StatsEvery: statsEvery, LatencyOut: latencyOut,
-		SummaryJSON: summaryJSON, Static: inject, NoPreload: inject && !static})
+	o := paging
+	o.LocalMem, o.Argv, o.Backend, o.Quiet = capBytes, argv, store, c.Bool("quiet")
+	o.Trace, o.Tracing, o.EvictTrace, o.Observe, o.StatsEvery = trace, tracing, evictTrace, tel.Observe, statsEvery
+	o.LatencyOut, o.SummaryJSON, o.Static, o.NoPreload = latencyOut, summaryJSON, inject, inject && !static
+	status, err := launcher.Run(o)
 	stopTelemetry(tel, c.Bool("quiet")) // after Run: the final metrics are the summary's counts
 	if trace != nil {                   // Run has stopped every fault thread
 		if cerr := closeTrace(c, trace); err == nil {
