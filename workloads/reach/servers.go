@@ -278,6 +278,15 @@ func redisServer(attach bool) *server {
 
 // redisSet SETs keys from, from+step, ... below to, with round r's values, pipelined.
 func redisSet(addr string, from, to, step, r int) error {
+	return pipelinedSet(addr, from, to, step, func(w io.Writer, i int) {
+		k, v := "key:"+strconv.Itoa(i), value(i, r)
+		fmt.Fprintf(w, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", len(k), k, len(v), v)
+	}, func(l string) bool { return strings.HasPrefix(l, "+OK") })
+}
+
+// pipelinedSet writes the set of each key from, from+step, ... below to over one connection to
+// addr, 500 at a time before it reads their answers, each of which must be ok.
+func pipelinedSet(addr string, from, to, step int, set func(w io.Writer, i int), ok func(answer string) bool) error {
 	c, err := net.Dial("unix", addr)
 	if err != nil {
 		return err
@@ -295,16 +304,14 @@ func redisSet(addr string, from, to, step, r int) error {
 			if err != nil {
 				return err
 			}
-			if !strings.HasPrefix(l, "+OK") {
-				return fmt.Errorf("SET answered %q", strings.TrimSpace(l))
+			if !ok(l) {
+				return fmt.Errorf("a set was answered %q", strings.TrimSpace(l))
 			}
 		}
 		return nil
 	}
 	for i := from; i < to; i += step {
-		k := "key:" + strconv.Itoa(i)
-		v := value(i, r)
-		fmt.Fprintf(w, "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n", len(k), k, len(v), v)
+		set(w, i)
 		if pending++; pending == 500 {
 			if err := flush(); err != nil {
 				return err
@@ -359,40 +366,12 @@ func memcachedServer() *server {
 		}}
 }
 
+// mcSet sets keys from, from+step, ... below to, with round r's values, pipelined.
 func mcSet(addr string, from, to, step, r int) error {
-	c, err := net.Dial("unix", addr)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	w := bufio.NewWriterSize(c, 1<<16)
-	rd := bufio.NewReader(c)
-	pending := 0
-	flush := func() error {
-		if err := w.Flush(); err != nil {
-			return err
-		}
-		for ; pending > 0; pending-- {
-			l, err := rd.ReadString('\n')
-			if err != nil {
-				return err
-			}
-			if l != "STORED\r\n" {
-				return fmt.Errorf("set answered %q", strings.TrimSpace(l))
-			}
-		}
-		return nil
-	}
-	for i := from; i < to; i += step {
+	return pipelinedSet(addr, from, to, step, func(w io.Writer, i int) {
 		v := value(i, r)
 		fmt.Fprintf(w, "set key:%d 0 0 %d\r\n%s\r\n", i, len(v), v)
-		if pending++; pending == 500 {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-	}
-	return flush()
+	}, func(l string) bool { return l == "STORED\r\n" })
 }
 
 // mcDigest reads every key back, 100 to a get, and digests key and value in key order; a key
