@@ -17,9 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/inject"
-	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/runtime"
-	"github.com/farmem/farmem/uffd"
 )
 
 // farmem attach: a process that is already running is entered the way a static program is
@@ -41,8 +39,7 @@ import (
 // had farmem died in that moment, the child could read zeros where its evicted pages were.
 //
 // A fork child is matched with its own FORK event (the events carry no pid), not by order alone:
-// with the child frozen, farmem maps a page in it and asks each waiting event's uffd to register
-// it; only the child's own can (runtime.ClaimFork).
+// the agent's fork entry says the child's hello with its fork probe (runtime.AttachForked).
 //
 // On SIGINT, SIGTERM or SIGHUP farmem detaches: it freezes every process it serves (entering the
 // children born until then first, so that none is born while pages come back), stops evicting,
@@ -357,9 +354,6 @@ func (a *attachment) enterChild(pid, ppid int) (err error) {
 	if !carriesAgent(pid, a.mem+agentOffset+a.img.params, a.sock) {
 		return nil
 	}
-	if err := a.claimFork(g.Leader(), ppid); err != nil {
-		return err
-	}
 	ready := a.agents.expect(pid)
 	if _, err := runAgentEntry(g.Leader(), a.mem+agentOffset+a.img.forkEntry); err != nil {
 		a.agents.forget(pid)
@@ -370,45 +364,6 @@ func (a *attachment) enterChild(pid, ppid int) (err error) {
 		return err
 	}
 	return nil
-}
-
-// claimFork finds which of ppid's FORK events is the frozen child tr's, and has the runtime match
-// the child's hello with it (runtime.ClaimFork): the events carry no pid, and two children born at
-// once could otherwise be matched the wrong way round, each then served on the other's uffd. A
-// page mapped in the child alone (by a system call made in it) is what tells: only the child's own
-// uffd can register it. It is unregistered and unmapped again at once, so nothing of it stays.
-func (a *attachment) claimFork(tr *inject.Tracee, ppid int) error {
-	probe, err := tr.Syscall(unix.SYS_MMAP, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uint64(0), 0)
-	if err != nil {
-		return fmt.Errorf("mmap of a probe page: %w", err)
-	}
-	mine := func(fd int) bool {
-		if _, err := uffd.Register(fd, probe, pageSize, uffd.ModeMissing); err != nil {
-			return false // another process's memory: nothing mapped there
-		}
-		uffd.Unregister(fd, probe, pageSize)
-		return true
-	}
-	// A child with nothing registered had a parent with nothing registered when it forked: no
-	// event, and it starts afresh (runtime.AttachForked tells so from its smaps too). One with
-	// ranges registered has an event, which the runtime may not have queued yet: the child runs
-	// from the moment its event is read.
-	var err2 error
-	if inherited, err := procfs.HasUffdRegistrations(tr.Pid()); err == nil && inherited {
-		deadline := time.Now().Add(agentWait)
-		for !a.rt.ClaimFork(ppid, mine) {
-			if time.Now().After(deadline) {
-				err2 = fmt.Errorf("no FORK event of process %d is its own", ppid)
-				break
-			}
-			time.Sleep(200 * time.Microsecond)
-		}
-	}
-	if _, err := tr.Syscall(unix.SYS_MUNMAP, probe, pageSize); err != nil && err2 == nil {
-		err2 = fmt.Errorf("munmap of the probe page: %w", err)
-	}
-	return err2
 }
 
 // forgetGone drops the known children that have exited, once there are many.

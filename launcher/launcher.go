@@ -451,8 +451,8 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 	switch {
 	case fd < 0:
 		err = errors.New("hello without a userfaultfd")
-	case m.C&1 != 0: // fork child
-		p, err = rt.AttachForked(int(m.Pid), int(m.A), fd)
+	case m.C&helloForkChild != 0:
+		p, err = rt.AttachForked(int(m.Pid), int(m.A), fd, m.C&^(pageSize-1))
 		if err == nil && p.UFFD() != fd {
 			keep = p.UFFD() // served on the uffd of its FORK event: the shim keeps a copy of it
 		}

@@ -40,6 +40,10 @@ const (
 	pageSize     = 4096
 )
 
+// A HELLO's C: 0 for a process farmem started or entered; for a fork child, helloForkChild or'd
+// with the address of its fork probe page, or 0 if it made none (runtime.AttachForked).
+const helloForkChild = 1
+
 type msg struct {
 	Type, Version uint32
 	Pid, N        int32

@@ -271,25 +271,3 @@ func (rt *Runtime) Let(p *Process) { rt.retire(p) }
 // AgentTid is the thread id of p's agent.
 func (p *Process) AgentTid() int { return int(p.agentTid.Load()) }
 
-// ClaimFork puts first, among the FORK events of process ppid awaiting their child's hello, the
-// one whose uffd mine says is the child's, so that the child's hello (AttachForked, which takes
-// them in order) is matched with its own event even when another child was born at the same time.
-// It reports whether one was. mine is called with rt.mu held: it may make ioctls on the fd, and
-// nothing else of the runtime.
-func (rt *Runtime) ClaimFork(ppid int, mine func(fd int) bool) bool {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	parent := rt.byPid[ppid]
-	if parent == nil {
-		return false
-	}
-	q := rt.forks[parent]
-	for i, c := range q {
-		if mine(c.fd) {
-			copy(q[1:i+1], q[:i])
-			q[0] = c
-			return true
-		}
-	}
-	return false
-}

@@ -71,6 +71,9 @@ type Process struct {
 	// a fork child (0: not known), for memoryGone; set before the process is served, never
 	// changed.
 	probe uint64
+	// forkParent is the process whose FORK event this one was born from (nil: none); set
+	// before the process is served, never changed.
+	forkParent *Process
 
 	place    placement // fault thread only (Faulting, Idle): which CPU the threads run on
 	failOnce sync.Once

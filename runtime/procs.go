@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -66,27 +67,34 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 	parent.regMu.Unlock()
 	c.place.orig = parent.place.orig // set before the parent's fault thread started: read-only
 	c.probe = parent.probe           // fork copies the vDSO where it was
+	c.forkParent = parent
 	rt.mu.Lock()
 	rt.procs[c] = true
 	rt.forks[parent] = append(rt.forks[parent], c)
+	orphan := !rt.procs[parent] // the parent exited, and was retired, before this event was applied
 	rt.mu.Unlock()
 	c.fetch.Start()
+	if orphan {
+		rt.retireLater(c) // as retire does for its parent's other waiting children
+	}
 }
 
 // AttachForked attaches a fork child that said hello with a fresh uffd of its own (fd).
 //
 // If the parent had ranges registered when it forked, the kernel gave the child their
 // registrations on a new uffd and raised a FORK event in the parent: the child is served on
-// that uffd, with the page table cloned at the event, and fd is closed. Children of one
-// parent are matched in fork order; the shim says hello from its atfork handler, so this is
-// exact unless two threads of one process fork at the same instant. The child is runnable
-// before its parent's FORK event is read, so its hello may arrive first: wait for the event.
+// that uffd, with the page table cloned at the event, and fd is closed. The events carry no
+// pid, so the child names its own with its fork probe (probe, the address of a page it holds
+// registered on a uffd of its own: see claimFork); a child without one (probe 0) is matched in
+// fork order, which two threads of one process forking at once can get the wrong way round.
+// The child is runnable before its parent's FORK event is read, so its hello may arrive first:
+// wait for the event.
 //
 // If the parent had nothing registered (not armed yet, or only small mappings), no FORK event
 // comes: the child holds no evicted page and starts afresh on fd. The child's smaps tell the
 // two apart exactly: it has not run any code of its own yet (it says hello from its atfork
 // handler), so its registrations are still the ones fork copied.
-func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
+func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, error) {
 	inherited, err := procfs.HasUffdRegistrations(pid)
 	if err != nil {
 		unix.Close(fd)
@@ -102,7 +110,17 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int) (*Process, error) {
 	var parent, c *Process
 	rt.mu.Lock()
 	for {
-		if parent = rt.byPid[ppid]; parent != nil && len(rt.forks[parent]) > 0 {
+		if probe != 0 {
+			c, err = rt.claimForkLocked(probeOwner(probe))
+			if err != nil {
+				rt.mu.Unlock()
+				return nil, fmt.Errorf("fork child %d: %w", pid, err)
+			}
+			if c != nil {
+				parent = c.forkParent
+				break
+			}
+		} else if parent = rt.byPid[ppid]; parent != nil && len(rt.forks[parent]) > 0 {
 			var gone []*Process
 			c, gone = rt.nextForkedLocked(parent, pid)
 			for _, g := range gone {
@@ -214,11 +232,19 @@ func (rt *Runtime) retire(p *Process) {
 	if pid := p.Pid(); rt.byPid[pid] == p {
 		delete(rt.byPid, pid)
 	}
+	// A child that has not said hello yet may still: a daemon's parent exits as soon as it has
+	// forked, and the child's hello finds its event by its fork probe, whoever its parent is
+	// by then. Its event stays queued until then, or until retireLater gives up on it: it exited,
+	// or was forked without libc's fork.
 	for _, c := range rt.forks[p] {
-		// A child that never said hello: it has exited, or was forked without libc's fork.
 		defer rt.retireLater(c)
 	}
-	delete(rt.forks, p)
+	if f := p.forkParent; f != nil {
+		rt.forks[f] = slices.DeleteFunc(rt.forks[f], func(c *Process) bool { return c == p })
+		if len(rt.forks[f]) == 0 {
+			delete(rt.forks, f)
+		}
+	}
 	rt.retiring++
 	rt.mu.Unlock()
 	defer func() {
@@ -244,9 +270,15 @@ func (rt *Runtime) retire(p *Process) {
 	p.life.Unlock()
 }
 
+// orphanGrace is how long a fork child whose parent is gone has to say hello before its event is
+// given up: a child says hello from its atfork handler, as soon as it first runs, but a loaded
+// machine may keep it from running for a while, and a child given up on is killed by its shim.
+const orphanGrace = 5 * time.Second
+
+// retireLater retires fork child c, whose parent is gone, unless it says hello within orphanGrace.
 func (rt *Runtime) retireLater(c *Process) {
 	go func() {
-		time.Sleep(time.Second)
+		time.Sleep(orphanGrace)
 		if c.Pid() == 0 {
 			rt.retire(c)
 		}

@@ -44,7 +44,14 @@ func attacheeBin(t *testing.T) string {
 // startAttachee starts the attachee with args and waits until its data is filled.
 func startAttachee(t *testing.T, bin string, args ...string) *attachee {
 	t.Helper()
-	a := &attachee{cmd: exec.Command(bin, args...), lines: make(chan string, 64)}
+	return startAttacheeCmd(t, exec.Command(bin, args...))
+}
+
+// startAttacheeCmd starts cmd, an attachee or a command that runs one (farmem run), and waits
+// until its data is filled.
+func startAttacheeCmd(t *testing.T, cmd *exec.Cmd) *attachee {
+	t.Helper()
+	a := &attachee{cmd: cmd, lines: make(chan string, 64)}
 	var err error
 	if a.in, err = a.cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
@@ -275,16 +282,7 @@ func TestAttachDetach(t *testing.T) {
 // which event is whose, and enters it; every child verifies its copy of the data (and rewrites
 // some of it), and none finds a wrong page, attached or after the detach.
 //
-// Off unless FARMEM_TEST_FORKS=1: the runtime now and then stops a fork child of a process paged
-// while it forks (a page its table clone records resident is absent from the child), under farmem
-// run too (testdata/attachee.c with 1 or 2 forking threads at a 16 MiB cap), and the evictor can
-// then hang reading the stopped child; with it on, this test fails about one run in two here.
-func TestAttachForkingThreads(t *testing.T) {
-	if os.Getenv("FARMEM_TEST_FORKS") != "1" {
-		t.Skip("fork children of a paged process are sometimes stopped by the runtime, under farmem run too: FARMEM_TEST_FORKS=1 runs it")
-	}
-	attachForking(t, "16MiB")
-}
+func TestAttachForkingThreads(t *testing.T) { attachForking(t, "16MiB") }
 
 // The same with a cap the process fits in: nothing is evicted, but every fork child is still
 // found, told its own FORK event, entered, served and let go at the detach.

@@ -450,7 +450,11 @@ static int make_lifeline(void)
 /* hello performs the handshake on a fresh control connection, sending our uffd and our lifeline's
  * write end. fork_child: if the parent had ranges registered when it forked, the runtime serves us
  * on the uffd of the parent's FORK event instead and sends it back as our keep-alive copy. */
-static int hello(int fork_child, uint64_t features)
+/* A HELLO's c: 0 for a process farmem started or entered; for a fork child, FORK_CHILD, or'd with
+ * the address of its fork probe (make_fork_probe), if it made one. */
+#define FORK_CHILD 1ULL
+
+static int hello(uint64_t fork_child, uint64_t features)
 {
 	struct fm_msg h = { .type = MSG_HELLO, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0),
 			    .a = raw6(SYS_getppid, 0, 0, 0, 0, 0, 0), .b = features, .c = fork_child };
@@ -489,6 +493,47 @@ static void close_fd(int *fd)
 	*fd = -1;
 }
 
+/* make_fork_probe maps a page this fork child alone holds and registers it on a uffd of its own,
+ * for the runtime to tell which of its parent's FORK events is this child's: the events carry no
+ * pid, and two threads of one process can fork at once, their children saying hello in either
+ * order. The runtime asks each waiting event's uffd to register the page (the runtime's claimForkLocked):
+ * the child's own finds it held by another uffd and answers EBUSY, while a sibling's finds
+ * nothing there. The address comes from the pid, so that siblings born together, whose address
+ * spaces are copies of one, put their probes in different places, far from where mappings are
+ * made. Returns the page's address, or 0 if none could be made: the runtime then matches the
+ * child in fork order. */
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+#define FORK_PROBE_BASE 0x200000000000ULL /* 32 TiB: above heaps and ASan's shadow, below mmap's base */
+#define FORK_PROBE_SLOTS (1ULL << 20)
+static uint64_t make_fork_probe(int *probe_ufd)
+{
+	uint64_t pid = (uint64_t)raw6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+	long a = -1;
+	for (uint64_t k = 0; k < 8 && a < 0; k++) {
+		uint64_t want = FORK_PROBE_BASE + ((pid + k * 0x10001ULL) % FORK_PROBE_SLOTS) * FM_PAGE;
+		a = exempt6(SYS_mmap, want, FM_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+		if (a >= 0 && (uint64_t)a != want) { /* a kernel that took the flag for a hint */
+			exempt6(SYS_munmap, a, FM_PAGE, 0, 0, 0, 0);
+			return 0;
+		}
+	}
+	if (a < 0) return 0;
+	int fd = open_uffd();
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register r = { .range = { (uint64_t)a, FM_PAGE }, .mode = UFFDIO_REGISTER_MODE_MISSING };
+	long e = fd < 0 ? fd : raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0);
+	if (e >= 0) e = raw6(SYS_ioctl, fd, UFFDIO_REGISTER, (long)&r, 0, 0, 0);
+	if (e < 0) {
+		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+		exempt6(SYS_munmap, a, FM_PAGE, 0, 0, 0, 0);
+		return 0;
+	}
+	*probe_ufd = fd;
+	return (uint64_t)a;
+}
+
 /* fork_child_hello gives a fork child its own connection, uffd and lifeline, dying if the
  * runtime cannot be reached. The descriptors it inherited are its parent's: the parent's agent
  * connection, uffd, lifeline (which signals the parent), drop pidfd (which names the parent,
@@ -507,7 +552,14 @@ static void fork_child_hello(const char *sock)
 	uint64_t features;
 	ctl = connect_path(sock);
 	ufd = new_uffd(&features);
-	if (ctl < 0 || ufd < 0 || hello(1, features) < 0) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
+	int probe_ufd = -1;
+	uint64_t probe = make_fork_probe(&probe_ufd);
+	int ok = ctl >= 0 && ufd >= 0 && hello(FORK_CHILD | probe, features) == 0;
+	if (probe) {
+		close_fd(&probe_ufd); /* unregisters the page, so its unmap raises no event */
+		exempt6(SYS_munmap, probe, FM_PAGE, 0, 0, 0, 0);
+	}
+	if (!ok) { say("fork child could not reach the farmem runtime"); die_runtime_lost(); }
 }
 
 /* detach_agent undoes what the agent holds in the process when farmem lets it go (farmem attach's
