@@ -323,11 +323,11 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
  * while UFFDIO_MOVE locks only the two mappings it touches: a page moved from a program mapping
  * not yet copied into a staging area already copied is in neither of the child's copies, and
  * the child, whose page table says it was staged, would find it nowhere. The shim's atfork
- * prepare handler takes the lock (fork_lock_moves) and its parent and child handlers release
- * it; the agent holds it across each batch's moves. A fork that the shim does not see (a raw
- * clone, a static program's, whose forks the runtime enters through the mapping filter) is not
- * held back by it. A three-state futex lock (0 free, 1 held, 2 held with waiters): the agent
- * has no libc. */
+ * prepare handler takes the lock and its parent and child handlers release it; the agent holds
+ * it across each batch's moves, and moves nothing while a fork holds it (try_lock_moves). A fork
+ * that the shim does not see (a raw clone, a static program's, whose forks the runtime enters
+ * through the mapping filter) is not held back by it. A three-state futex lock (0 free, 1 held,
+ * 2 held with waiters): the agent has no libc. */
 static int move_lock;
 
 static void lock_moves(void)
@@ -339,6 +339,15 @@ static void lock_moves(void)
 		raw6(SYS_futex, (long)&move_lock, FUTEX_WAIT_PRIVATE, 2, 0, 0, 0);
 		c = __atomic_exchange_n(&move_lock, 2, __ATOMIC_ACQUIRE);
 	}
+}
+
+/* try_lock_moves takes the lock only if it is free. The agent never waits for it: a forking thread
+ * holds it from the prepare handler on, and may then fault on a page of the batch the agent is
+ * moving, or wait at the cap for room that batch would make, until the batch ends. */
+static int try_lock_moves(void)
+{
+	int c = 0;
+	return __atomic_compare_exchange_n(&move_lock, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
 }
 
 static void unlock_moves(void)
@@ -648,11 +657,16 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 			uint8_t *st = (uint8_t *)(out + sizeof *d);
 			for (int k = 0; k < pages; k++) st[k] = ECANCELED; /* past the runs: never asked */
 			unsigned char before[MAX_MOVE_PAGES];
-			lock_moves();
-			long mc = raw6(SYS_mincore, m->a, pages * FM_PAGE, (long)before, 0, 0, 0);
-			move_runs(runs, nruns, m->a, st, pages);
-			unlock_moves();
-			if (mc == 0) reconcile_moves(m->a, st, pages, before);
+			if (try_lock_moves()) {
+				long mc = raw6(SYS_mincore, m->a, pages * FM_PAGE, (long)before, 0, 0, 0);
+				move_runs(runs, nruns, m->a, st, pages);
+				unlock_moves();
+				if (mc == 0) reconcile_moves(m->a, st, pages, before);
+			} else {
+				/* A fork is under way: nothing moves, and the runtime drops the batch's
+				 * pages instead, which a fork cannot split (the drop takes the mmap lock). */
+				for (int k = 0; k < pages; k++) st[k] = EAGAIN;
+			}
 			if (send_msg(agent_sock, out, sizeof *d + pages, -1) < 0) die_runtime_lost();
 			continue;
 		}
