@@ -33,10 +33,11 @@ import (
 // at its exec stop, before its first instruction, as a static program is): a dynamic process has
 // no filter until the run arms, so an exec before then could not be caught, and entering it
 // after the fact would be needed anyway; one way for every exec is simpler and tested by every
-// one. What it costs: the new image runs uncapped from its exec until it is frozen, about a
-// millisecond for an image known at once not to load the shim (SaysHello: it is static, or its
-// environment does not name farmem's shim and socket, or it is setuid), and, if it was expected
-// to say hello and did not, the runtime's grace for that hello. Its forks in that moment are
+// one. What it costs: the new image runs uncapped from its exec until it is frozen: the runtime's
+// poll for the exec (runtime.ControlEnded) and the seizing, for an image known at once not to
+// load the shim (SaysHello: it is static, or its environment does not name farmem's shim and
+// socket, or it is setuid), and, if it was expected to say hello and did not, the runtime's grace
+// for that hello. Its forks in that moment are
 // not served: its children run without farmem.
 //
 // If the image cannot be entered (farmem may not trace it: it is traced already, say), it runs
@@ -160,9 +161,11 @@ func (s *imageServer) enter(pid int) (err error) {
 		case started && p != nil:
 			if derr := p.DetachAgent(); derr == nil {
 				tr.Syscall(unix.SYS_MUNMAP, a.mem, a.memLen)
-			}
-			if a.lifeline >= 0 {
-				unix.Close(a.lifeline) // silenced by the agent's detach, or the agent is dead
+				unix.Close(a.lifeline) // its read end is closed: no signal
+			} else {
+				// The agent never attached: the lifeline's read end is still armed, and its
+				// close would kill the program. Held, as for any process of the run.
+				holdLifeline(pid, a.lifeline)
 			}
 			s.rt.Let(p)
 		case a.mem != 0:
