@@ -139,7 +139,7 @@ func Run(o Options) (int, error) {
 		defer tty.close()
 	}
 	tty.attr(cmd.SysProcAttr) // see terminal.go
-	lifeline := -1 // a static program's (static.go); written before started is sent
+	lifeline := -1            // a static program's (static.go); written before started is sent
 	defer func() {
 		if lifeline >= 0 {
 			unix.Close(lifeline)
