@@ -147,6 +147,12 @@ func (s *imageServer) enter(pid int) (err error) {
 		}
 		return err
 	}
+	if s.SaysHello(pid) {
+		// It exec'd again, into an image that loads the shim, between the runtime's look and
+		// the freezing: entered too, it would say hello twice.
+		g.Detach()
+		return runtime.ErrSaysHello
+	}
 	tr := g.Leader()
 	ready := s.agents.expect(pid, true)
 	a := &attachment{rt: s.rt, img: s.img, sock: s.sock, agents: s.agents, pid: pid, lifeline: -1}

@@ -1,8 +1,11 @@
 package runtime
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -26,9 +29,13 @@ type ImageServer interface {
 	// Enter freezes process pid, puts farmem's agent into it, attaches it (Attach: which
 	// retires the old image's process), installs its mapping filter and, armed, registers
 	// its mappings and adopts its present pages, before it runs on. An error says why the
-	// image could not be entered; the image then runs on untouched.
+	// image could not be entered; the image then runs on untouched. ErrSaysHello: the image
+	// found frozen is one that says hello itself (the process exec'd again meanwhile).
 	Enter(pid int) error
 }
+
+// ErrSaysHello is Enter's error for an image that loads the shim: it is left to say hello.
+var ErrSaysHello = errors.New("the image loads farmem's shim")
 
 // ControlEnded is told that p's control connection with farmem ended: the process exited, or it
 // exec'd (the connection is close-on-exec; for a process entered by injection, the connection
@@ -49,12 +56,21 @@ func (rt *Runtime) ControlEnded(p *Process) {
 	go func() {
 		deadline := time.Now().Add(newImageGrace)
 		expectHello := false
+		reason := "" // why the new image runs without farmem
 		for {
 			time.Sleep(execPoll)
 			if rt.Lookup(pid) != p {
 				return // exited and retired, or a new image said hello
 			}
 			gone := memoryGone(p.fd, p.probe)
+			if gone && !expectHello && !execComplete(pid) {
+				// The old memory went as the exec passed its point of no return, before the
+				// new image's environment and auxiliary vector were set up: nothing can be
+				// told of it yet (and it cannot be frozen before the exec completes).
+				if time.Now().Before(deadline) {
+					continue
+				}
+			}
 			if !gone || expectHello {
 				if time.Now().Before(deadline) {
 					continue
@@ -64,19 +80,34 @@ func (rt *Runtime) ControlEnded(p *Process) {
 				}
 				break // expected to say hello, and did not
 			}
-			if rt.cfg.Images == nil || !rt.cfg.Images.SaysHello(pid) {
-				break
+			if rt.cfg.Images == nil || rt.cfg.Images.SaysHello(pid) {
+				expectHello = true
+				continue
 			}
-			expectHello = true
+			// Decided on the image seen a moment ago; Enter looks again once it is frozen.
+			err := rt.cfg.Images.Enter(pid)
+			if err == nil {
+				rt.Stats.Entered.Add(1)
+				return
+			}
+			if errors.Is(err, ErrSaysHello) {
+				expectHello = true
+				continue
+			}
+			reason = err.Error()
+			break
 		}
-		reason := "farmem serves no exec'd image here"
-		if rt.cfg.Images != nil {
+		if reason == "" && rt.cfg.Images != nil {
+			// Expected to say hello, and did not (a setuid loader that ignored the shim).
 			err := rt.cfg.Images.Enter(pid)
 			if err == nil {
 				rt.Stats.Entered.Add(1)
 				return
 			}
 			reason = err.Error()
+		}
+		if reason == "" {
+			reason = "farmem serves no exec'd image here"
 		}
 		rt.retire(p)
 		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
@@ -87,4 +118,20 @@ func (rt *Runtime) ControlEnded(p *Process) {
 		fmt.Fprintf(os.Stderr, "farmem: process %d exec'd %s, which did not load farmem's shim, and farmem could not enter it (%s): "+
 			"it runs without farmem, its memory not capped\n", pid, exe, reason)
 	}()
+}
+
+// execComplete reports whether process pid's image has its environment set up (the kernel sets
+// the bounds of the environment, field 51 of /proc/PID/stat, as it finishes loading an image:
+// 0 before; an empty environment has equal, non-zero bounds).
+func execComplete(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // gone: Enter finds out
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return true
+	}
+	f := strings.Fields(string(b[i+1:])) // f[0] is field 3
+	return len(f) < 49 || f[48] != "0"
 }

@@ -47,28 +47,38 @@ func TestExecedStaticGoServed(t *testing.T) {
 	checkCap(t, s, peaks, 32<<20)
 }
 
-// A shell that exec's python through `env -u LD_PRELOAD`: python runs without the shim (it
-// says so, from its own mappings), and is entered and held to the cap all the same.
-func TestExecedWithoutPreloadServed(t *testing.T) {
-	py := need(t, "/usr/bin/python3")
-	script := `import hashlib
+// fillScript has python fill 128 MiB, page by page, and print whether the shim is among its
+// mappings and the data's SHA-256.
+const fillScript = `import hashlib
 shim = any("libfarmem" in l for l in open("/proc/self/maps"))
 b = bytearray(128 << 20)
 for i in range(0, len(b), 4096):
     b[i:i+8] = i.to_bytes(8, "little")
     b[i+8:i+16] = (i * 7919 % 1000003).to_bytes(8, "little")
 print("shim" if shim else "no shim", hashlib.sha256(b).hexdigest())`
-	// Natively first: python's files are then in the page cache, which the run's memory cgroup
-	// would otherwise be charged for as it reads them (the cap does not cover page cache).
-	nat, err := exec.Command(py, "-c", script).Output()
+
+// nativeFill runs fillScript without farmem and returns its line's digest part. Run first, it
+// also puts python's files in the page cache, which the run's memory cgroup would otherwise be
+// charged for as it reads them (the cap does not cover page cache).
+func nativeFill(t *testing.T, py string) string {
+	t.Helper()
+	nat, err := exec.Command(py, "-c", fillScript).Output()
 	if err != nil {
 		t.Fatalf("python natively: %v", err)
 	}
-	want := string(nat)
-	if !strings.HasPrefix(want, "no shim ") {
-		t.Fatalf("python natively printed %q", want)
+	digest, ok := strings.CutPrefix(string(nat), "no shim ")
+	if !ok {
+		t.Fatalf("python natively printed %q", nat)
 	}
-	out, s, peaks, err := runSampled(t, "run", "--local-mem", "32MiB", "--quiet", "--", "/bin/bash", "-c", `exec env -u LD_PRELOAD "$0" -c "$1"`, py, script)
+	return digest
+}
+
+// A shell that exec's python through `env -u LD_PRELOAD`: python runs without the shim (it
+// says so, from its own mappings), and is entered and held to the cap all the same.
+func TestExecedWithoutPreloadServed(t *testing.T) {
+	py := need(t, "/usr/bin/python3")
+	want := "no shim " + nativeFill(t, py)
+	out, s, peaks, err := runSampled(t, "run", "--local-mem", "32MiB", "--quiet", "--", "/bin/bash", "-c", `exec env -u LD_PRELOAD "$0" -c "$1"`, py, fillScript)
 	if err != nil {
 		t.Fatalf("under farmem: %v", err)
 	}
@@ -76,6 +86,28 @@ print("shim" if shim else "no shim", hashlib.sha256(b).hexdigest())`
 		t.Fatalf("under farmem python printed %q, want %q", out, want)
 	}
 	checkEntered(t, s)
+	checkCap(t, s, peaks, 32<<20)
+}
+
+// An entered image that exec's an image with the shim again (the preload put back): the new
+// image says hello and is served through its shim, not entered a second time (which would make
+// two agents, and the injected one's end would stop the program).
+func TestExecedBackToShim(t *testing.T) {
+	py := need(t, "/usr/bin/python3")
+	want := "shim " + nativeFill(t, py)
+	out, s, peaks, err := runSampled(t, "run", "--local-mem", "32MiB", "--quiet", "--", "/bin/bash", "-c",
+		`P=$LD_PRELOAD; exec env -u LD_PRELOAD /bin/bash -c 'exec env LD_PRELOAD="$0" "$1" -c "$2"' "$P" "$0" "$1"`, py, fillScript)
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if out != want {
+		t.Fatalf("under farmem python printed %q, want %q", out, want)
+	}
+	// The bash without the preload, and maybe the env it exec's, if farmem saw it before it
+	// exec'd python.
+	if s.EnteredImages < 1 || s.UnservedImages != 0 {
+		t.Errorf("summary: entered_images %d, unserved_images %d; want at least 1 and 0", s.EnteredImages, s.UnservedImages)
+	}
 	checkCap(t, s, peaks, 32<<20)
 }
 
