@@ -53,9 +53,18 @@ type imageServer struct {
 	shim   string // the shim's path, as LD_PRELOAD names it
 	agents *staticAgents
 	parent *parentThread // the program's parent thread, the one that may trace the program
-	// program is the pid of the program the run started (0 until it is): only its parent
-	// thread may trace it (tracer.go).
+	// program is the pid of the program the run started, set before known is closed: only its
+	// parent thread may trace it (tracer.go). Enter waits for it: a program that exec's at
+	// once may say hello and exec before the launcher has stored its pid, and traced from
+	// another thread its stops could be taken by its parent's wait for its end.
 	program atomic.Int32
+	known   chan struct{}
+}
+
+// started records the program's pid (0: it did not start).
+func (s *imageServer) started(pid int) {
+	s.program.Store(int32(pid))
+	close(s.known)
 }
 
 // SaysHello implements runtime.ImageServer: the image is dynamic, and its loader will load the
@@ -120,6 +129,7 @@ func (s *imageServer) Enter(pid int) error {
 		return errors.New("it exited")
 	}
 	enter := func() error { return s.enter(pid) }
+	<-s.known
 	if pid == int(s.program.Load()) {
 		err := s.parent.do(enter)
 		if errors.Is(err, errGone) {

@@ -101,7 +101,7 @@ func Run(o Options) (int, error) {
 	// The program's parent thread (tracer.go): a static program's, and, for every program, the
 	// one thread that may trace it when it exec's an image farmem must enter (execed.go).
 	parent := newParentThread()
-	images := &imageServer{img: img, sock: sock, shim: shim, parent: parent}
+	images := &imageServer{img: img, sock: sock, shim: shim, parent: parent, known: make(chan struct{})}
 	say := &announcer{o: o}
 	rt, err := newRuntime(o, say, false, images)
 	if err != nil {
@@ -165,10 +165,11 @@ func Run(o Options) (int, error) {
 		}
 		if err != nil {
 			signal.Stop(parent.sigs)
+			images.started(0)
 			started <- err
 			return
 		}
-		images.program.Store(int32(cmd.Process.Pid))
+		images.started(cmd.Process.Pid)
 		started <- nil
 		ws, err := parent.serve(tty, cmd.Process.Pid)
 		waited <- result{ws, err}
