@@ -206,6 +206,13 @@ func (s *imageServer) enter(pid int) (err error) {
 	}
 	started = true
 	if err := waitAttached(tr, ready); err != nil {
+		var en unix.Errno
+		if errors.As(err, &en) && (en == unix.EPERM || en == unix.EACCES) {
+			return fmt.Errorf("installing its mapping filter: %w (it needs CAP_SYS_ADMIN)", err)
+		}
+		if errors.As(err, &en) {
+			return fmt.Errorf("installing its mapping filter: %w", err)
+		}
 		return fmt.Errorf("its agent: %w", err)
 	}
 	if s.rt.Armed() {

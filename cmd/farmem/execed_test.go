@@ -171,3 +171,28 @@ func TestExecedUnenterableNamed(t *testing.T) {
 		t.Errorf("summary: unserved_images %d, entered_images %d (%v), want 1 and 0", s.UnservedImages, s.EnteredImages, err)
 	}
 }
+
+// Without CAP_SYS_ADMIN the entered image's mapping filter cannot go in: farmem takes its agent
+// out again (the agent thread ends, its memory is unmapped, its lifeline silenced), and the image
+// runs on without farmem, unharmed, named with the reason.
+func TestExecedWithoutFilterUnserved(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("setpriv (util-linux) is not installed: no way to run farmem without CAP_SYS_ADMIN")
+	}
+	prog := staticGo(t)
+	want := native(t, prog, "64", "100")
+	cmd := exec.Command(setpriv, "--bounding-set", "-sys_admin", "--", farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--",
+		"/bin/bash", "-c", "exec "+prog+" 64 100")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, stderr.String())
+	}
+	if got := digestLine(t, stdout.String()); got != want {
+		t.Errorf("the image printed\n%s\nnatively\n%s", got, want)
+	}
+	if !strings.Contains(stderr.String(), "farmem could not enter it (installing its mapping filter: permission denied (it needs CAP_SYS_ADMIN))") {
+		t.Errorf("farmem did not say why it could not enter the image:\n%s", stderr.String())
+	}
+}
