@@ -9,6 +9,7 @@ import (
 	"os"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -19,8 +20,8 @@ import (
 )
 
 // An image a served process exec's that does not load farmem's shim (a static binary, or a
-// dynamic program whose LD_PRELOAD was dropped: `env -u LD_PRELOAD`, a program that changes
-// user) is entered as `farmem attach` enters a running process, the moment farmem sees the
+// dynamic program whose LD_PRELOAD was dropped, as `env -u LD_PRELOAD` and sudo do, or that
+// runs as another user, who cannot read the shim) is entered as `farmem attach` enters a running process, the moment farmem sees the
 // exec (runtime.ControlEnded: the process's control connection ended, and its old memory is
 // gone): every thread seized and interrupted (inject.Seize), the agent put in and started, and,
 // unlike attach, the mapping filter installed, with its forks handed over as a static
@@ -40,8 +41,9 @@ import (
 // for that hello. Its forks in that moment are
 // not served: its children run without farmem.
 //
-// If the image cannot be entered (farmem may not trace it: it is traced already, say), it runs
-// on untouched and uncapped, and the runtime names it on stderr with the reason; nothing of
+// If the image cannot be entered (it is traced already; it runs as an unprivileged user, and the
+// userfaultfd and the filter, made by calls in it with its credentials, are refused; farmem has
+// no CAP_SYS_ADMIN for the filter), it runs on untouched and uncapped, and the runtime names it on stderr with the reason; nothing of
 // farmem's is left in it, and it is never stopped for it.
 
 // imageServer enters, for one run, the images its processes exec that do not load the shim
@@ -85,6 +87,11 @@ func (s *imageServer) SaysHello(pid int) bool {
 	}
 	libs := strings.FieldsFunc(preload, func(r rune) bool { return r == ':' || r == ' ' })
 	if sock != s.sock || !slices.Contains(libs, s.shim) || secure(pid) {
+		return false
+	}
+	// The shim's directory is farmem's own (0700): a process that switched to another user
+	// (su, runuser, a server dropping root) cannot open it, and its loader ignores it.
+	if uid, ok := fsUID(pid); !ok || (uid != 0 && uid != os.Geteuid()) {
 		return false
 	}
 	static, err := staticExe(pid)
@@ -194,6 +201,10 @@ func (s *imageServer) enter(pid int) (err error) {
 	}()
 	mem, fd, lifeline, err := injectAgent(tr, s.img, s.sock)
 	if err != nil {
+		if uid, ok := fsUID(pid); ok && uid != 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
+			// Its userfaultfd is made by a call in it, with its credentials.
+			return fmt.Errorf("%w (it runs as user %d, which may not make one)", err, uid)
+		}
 		return err
 	}
 	a.mem, a.memLen, a.lifeline = mem, agentOffset+s.img.span, lifeline
@@ -256,4 +267,23 @@ func tracerOf(pid int) string {
 		}
 	}
 	return ""
+}
+
+// fsUID returns the user id process pid accesses files as (the fourth of /proc/PID/status's Uid).
+func fsUID(pid int) (int, bool) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			f := strings.Fields(v)
+			if len(f) < 4 {
+				return 0, false
+			}
+			uid, err := strconv.Atoi(f[3])
+			return uid, err == nil
+		}
+	}
+	return 0, false
 }
