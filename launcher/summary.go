@@ -238,7 +238,7 @@ func summaryLines(s *Summary) []string {
 		// kernel's when the program's agent drops them, a moment later; the sampled peak adds up
 		// each process's own count, so a page a fork child shares counts in both.
 		why := "pages being evicted count until their batch drops them"
-		if s.Processes > 1 {
+		if s.Processes-s.EnteredImages > 1 { // an entered image is counted as a process, but shares nothing
 			why += ", and a page a fork child shares counts in each process"
 		}
 		line("its anonymous memory went %s over the cap: %s", size(over), why)
