@@ -8,11 +8,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/farmem/farmem/launcher"
 )
@@ -194,5 +197,47 @@ func TestExecedWithoutFilterUnserved(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "farmem could not enter it (installing its mapping filter: permission denied (it needs CAP_SYS_ADMIN))") {
 		t.Errorf("farmem did not say why it could not enter the image:\n%s", stderr.String())
+	}
+}
+
+// If farmem dies while an entered image pages, the image dies too (the lifeline farmem made in
+// it when it entered it), and never reads a page that is not its own. The image is a fork child's
+// (bash runs it, then waits): no parent-death signal of farmem's reaches it.
+func TestExecedImageDiesWithFarmem(t *testing.T) {
+	prog := staticGo(t)
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "16MiB", "--quiet", "--", "/bin/bash", "-c", prog+" 128 1000000000; true")
+	// A file, not a pipe: cmd.Wait would wait for the image too, for ever if it lived on.
+	outFile := filepath.Join(t.TempDir(), "out")
+	f, err := os.Create(outFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	image := 0
+	for i := 0; i < 300 && image == 0; i++ {
+		time.Sleep(20 * time.Millisecond)
+		for _, pid := range descendants(cmd.Process.Pid) {
+			if exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); exe == prog {
+				image = pid
+			}
+		}
+	}
+	if image == 0 {
+		cmd.Process.Kill()
+		t.Fatal("the image never started")
+	}
+	time.Sleep(1500 * time.Millisecond) // entered, and well into paging
+	cmd.Process.Kill()
+	cmd.Wait()
+	if !exitsWithin(image, 5*time.Second) {
+		syscall.Kill(image, syscall.SIGKILL)
+		t.Fatalf("image %d still running 5 s after farmem was killed", image)
+	}
+	if out, _ := os.ReadFile(outFile); strings.Contains(string(out), "BAD") {
+		t.Fatalf("the image read a page that was not its own before it died: %s", out)
 	}
 }
