@@ -19,32 +19,31 @@ import (
 	"github.com/farmem/farmem/runtime"
 )
 
-// An image a served process exec's that does not load farmem's shim (a static binary, or a
-// dynamic program whose LD_PRELOAD was dropped, as `env -u LD_PRELOAD` and sudo do, or that
-// runs as another user, who cannot read the shim) is entered as `farmem attach` enters a running process, the moment farmem sees the
-// exec (runtime.ControlEnded: the process's control connection ended, and its old memory is
-// gone): every thread seized and interrupted (inject.Seize), the agent put in and started, and,
-// unlike attach, the mapping filter installed, with its forks handed over as a static
+// An image a served process exec's that does not load farmem's shim (a static binary, or a dynamic
+// program whose LD_PRELOAD was dropped, as `env -u LD_PRELOAD` and sudo do, or that runs as another
+// user, who cannot read the shim) is entered as `farmem attach` enters a running process, the
+// moment farmem sees the exec (runtime.ControlEnded: the process's control connection ended, and
+// its old memory is gone): every thread seized and interrupted (inject.Seize), the agent put in and
+// started, and, unlike attach, the mapping filter installed, with its forks handed over as a static
 // program's are (forkServer). A filter is fine here where attach must do without: under `farmem
-// run` there is no detach, and farmem's death kills the program anyway. An armed run registers
-// the image's mappings and adopts its present pages while it is still frozen, so that they count
+// run` there is no detach, and farmem's death kills the program anyway. An armed run registers the
+// image's mappings and adopts its present pages while it is still frozen, so that they count
 // against the cap from then on.
 //
-// Why after the exec and not at it (a filter that hands over execve, and the new image entered
-// at its exec stop, before its first instruction, as a static program is): a dynamic process has
-// no filter until the run arms, so an exec before then could not be caught, and entering it
-// after the fact would be needed anyway; one way for every exec is simpler and tested by every
-// one. What it costs: the new image runs uncapped from its exec until it is frozen: the runtime's
-// poll for the exec (runtime.ControlEnded) and the seizing, for an image known at once not to
-// load the shim (SaysHello: it is static, or its environment does not name farmem's shim and
-// socket, or it is setuid), and, if it was expected to say hello and did not, the runtime's grace
-// for that hello. Its forks in that moment are
-// not served: its children run without farmem.
+// Why after the exec and not at it (a filter that hands over execve, and the new image entered at
+// its exec stop, before its first instruction, as a static program is): a dynamic process has no
+// filter until the run arms, so an exec before then could not be caught, and entering it after the
+// fact would be needed anyway; one way for every exec is simpler and tested by every one. What it
+// costs: the new image runs uncapped from its exec until it is frozen: the runtime's poll for the
+// exec (runtime.ControlEnded) and the seizing, for an image known at once not to load the shim
+// (SaysHello: it is static, or its environment does not name farmem's shim and socket, or it is
+// setuid), and, if it was expected to say hello and did not, the runtime's grace for that hello.
+// Its forks in that moment are not served: its children run without farmem.
 //
 // If the image cannot be entered (it is traced already; it runs as an unprivileged user, and the
-// userfaultfd and the filter, made by calls in it with its credentials, are refused; farmem has
-// no CAP_SYS_ADMIN for the filter), it runs on untouched and uncapped, and the runtime names it on stderr with the reason; nothing of
-// farmem's is left in it, and it is never stopped for it.
+// userfaultfd and the filter, made by calls in it with its credentials, are refused; farmem has no
+// CAP_SYS_ADMIN for the filter), it runs on untouched and uncapped, and the runtime names it on
+// stderr with the reason; nothing of farmem's is left in it, and it is never stopped for it.
 
 // imageServer enters, for one run, the images its processes exec that do not load the shim
 // (runtime.ImageServer).
