@@ -1,8 +1,8 @@
 // Package inject is a small, exact ptrace layer for running code inside another process: start
 // a program stopped before its first instruction, make system calls in its context, write its
 // memory, take descriptors out of it, and let it go. It is how farmem enters a program it
-// cannot preload a shim into (a statically linked one), the way CRIU enters the processes it
-// checkpoints.
+// cannot preload a shim into (a statically linked one, or an image a served process exec'd
+// without the shim), the way CRIU enters the processes it checkpoints.
 //
 // # One thread
 //

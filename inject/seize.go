@@ -73,7 +73,14 @@ func Seize(pid int, skip ...int) (*Group, error) {
 			}
 			kept, err := waitInterrupted(tid)
 			if err != nil {
-				if errors.Is(err, errThreadGone) {
+				var ended *ExitedError
+				if errors.As(err, &ended) && tid == pid {
+					// The process ended as it was seized, and its status, reported to farmem's
+					// tracing thread, was taken here: the caller, maybe its parent, needs it.
+					ended.Pid = pid
+					return fail(err)
+				}
+				if errors.Is(err, errThreadGone) || errors.As(err, &ended) {
 					delete(held, tid)
 					continue
 				}
@@ -98,7 +105,8 @@ func Seize(pid int, skip ...int) (*Group, error) {
 var errThreadGone = errors.New("the thread exited")
 
 // waitInterrupted waits for seized thread tid's interrupt stop and returns the signals that
-// stopped it first (each suppressed, to be sent again at Detach).
+// stopped it first (each suppressed, to be sent again at Detach); an *ExitedError if it ended
+// instead, errThreadGone if it was gone.
 func waitInterrupted(tid int) ([]unix.Signal, error) {
 	var kept []unix.Signal
 	for {
@@ -114,7 +122,7 @@ func waitInterrupted(tid int) ([]unix.Signal, error) {
 			return nil, fmt.Errorf("inject: wait for thread %d: %w", tid, err)
 		}
 		if ws.Exited() || ws.Signaled() {
-			return nil, errThreadGone
+			return nil, &ExitedError{Pid: tid, Status: ws}
 		}
 		if !ws.Stopped() {
 			continue

@@ -149,7 +149,7 @@ func Attach(o Options, pid int) (int, error) {
 		o.Argv = []string{strings.TrimSpace(string(b))}
 	}
 	say := &announcer{o: o}
-	rt, err := newRuntime(o, say, true)
+	rt, err := newRuntime(o, say, true, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -241,7 +241,7 @@ func (a *attachment) enter() (err error) {
 		return err
 	}
 	tr := g.Leader()
-	ready := a.agents.expect(a.pid)
+	ready := a.agents.expect(a.pid, false)
 	started := false // the agent thread runs: what farmem put in can no longer simply be taken out
 	var p *runtime.Process
 	defer func() {
@@ -354,7 +354,7 @@ func (a *attachment) enterChild(pid, ppid int) (err error) {
 	if !carriesAgent(pid, a.mem+agentOffset+a.img.params, a.sock) {
 		return nil
 	}
-	ready := a.agents.expect(pid)
+	ready := a.agents.expect(pid, false)
 	if _, err := runAgentEntry(g.Leader(), a.mem+agentOffset+a.img.forkEntry); err != nil {
 		a.agents.forget(pid)
 		return err

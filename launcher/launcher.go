@@ -73,7 +73,7 @@ type Options struct {
 	Static bool
 	// NoPreload: LD_PRELOAD is not set for the program, which must then be Static (a dynamic
 	// program entered by injection: a shim it loaded too would make a second uffd and hello).
-	// Images it exec's later are not served.
+	// Images it exec's that do not load the shim are entered as any run's are (execed.go).
 	NoPreload bool
 }
 
@@ -94,9 +94,18 @@ func Run(o Options) (int, error) {
 	}
 	defer ln.Close()
 
-	say := &announcer{o: o}
-	rt, err := newRuntime(o, say, false)
+	img, err := readAgent(agentELF)
 	if err != nil {
+		return 0, err
+	}
+	// The program's parent thread (tracer.go): a static program's, and, for every program, the
+	// one thread that may trace it when it exec's an image farmem must enter (execed.go).
+	parent := newParentThread()
+	images := &imageServer{img: img, sock: sock, shim: shim, parent: parent, known: make(chan struct{})}
+	say := &announcer{o: o}
+	rt, err := newRuntime(o, say, false, images)
+	if err != nil {
+		signal.Stop(parent.sigs)
 		return 0, err
 	}
 	if o.Observe != nil {
@@ -105,9 +114,10 @@ func Run(o Options) (int, error) {
 	if rt.Armed() {
 		say.armed(0)
 	}
+	agents := &staticAgents{rt: rt}
+	images.rt, images.agents = rt, agents
 	rt.Start()
 	defer rt.Close()
-	agents := &staticAgents{}
 	defer serve(rt, o, ln, agents)()
 
 	cmd := exec.Command(o.Argv[0], o.Argv[1:]...)
@@ -129,11 +139,7 @@ func Run(o Options) (int, error) {
 		defer tty.close()
 	}
 	tty.attr(cmd.SysProcAttr) // see terminal.go
-	var parent *parentThread  // a static program's (tracer.go)
-	if o.Static {
-		parent = newParentThread()
-	}
-	lifeline := -1 // a static program's (static.go); written before started is sent
+	lifeline := -1            // a static program's (static.go); written before started is sent
 	defer func() {
 		if lifeline >= 0 {
 			unix.Close(lifeline)
@@ -151,26 +157,21 @@ func Run(o Options) (int, error) {
 		// runtime no polling until then; where there is none, the runtime polls instead.
 		contained, _ := rt.ContainChildren(cmd.SysProcAttr)
 		var err error
-		if parent != nil {
+		if o.Static {
 			lifeline, err = startStatic(cmd, rt, sock, agents, parent, contained)
 		} else {
 			err = cmd.Start()
 			contained()
 		}
 		if err != nil {
-			if parent != nil {
-				signal.Stop(parent.sigs)
-			}
+			signal.Stop(parent.sigs)
+			images.started(0)
 			started <- err
 			return
 		}
+		images.started(cmd.Process.Pid)
 		started <- nil
-		var ws unix.WaitStatus
-		if parent != nil {
-			ws, err = parent.serve(tty, cmd.Process.Pid)
-		} else {
-			ws, err = tty.wait(cmd.Process.Pid)
-		}
+		ws, err := parent.serve(tty, cmd.Process.Pid)
 		waited <- result{ws, err}
 		select {} // keep the locked thread (and so Pdeathsig) alive until farmem exits
 	}()
@@ -232,8 +233,6 @@ func listen() (*net.UnixListener, string, error) {
 	return ln, sock, nil
 }
 
-// newRuntime makes the runtime of a run or an attach from its options (noFilter:
-// runtime.Config.NoFilter).
 // serve starts what every run and attachment has beside its runtime: the shims' and agents'
 // connections, the periodic stats, and a stop of every process as soon as the store says it
 // lost pages (memory servers), not when a process next touches one. The function it returns
@@ -254,9 +253,11 @@ func serve(rt *runtime.Runtime, o Options, ln *net.UnixListener, agents *staticA
 	return func() { close(done) }
 }
 
-func newRuntime(o Options, say *announcer, noFilter bool) (*runtime.Runtime, error) {
+// newRuntime makes the runtime of a run or an attach from its options (noFilter:
+// runtime.Config.NoFilter; images: runtime.Config.Images, nil for none).
+func newRuntime(o Options, say *announcer, noFilter bool, images runtime.ImageServer) (*runtime.Runtime, error) {
 	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat, LastStayGuess: o.LastStayGuess,
-		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace, NoFilter: noFilter,
+		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace, NoFilter: noFilter, Images: images,
 		// Said from a goroutine of its own: stderr may be slow to take it, and the RSS poll
 		// that armed the run must not wait on it.
 		OnArm: func(b int64) { go say.armed(b) }}
@@ -437,7 +438,7 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 			p.Table().Unlock()
 		}
 		p.SetAgent(a, int(m.A)) // installs the mapping filter if the run is armed
-		agents.attached(p)      // a static program's filter goes in now, armed or not
+		agents.attached(p, a)   // a static program's filter goes in now, armed or not
 		a.Ready()               // a failure is the agent's death, which the evictor meets next
 		return                  // the evictor drives this connection from now on
 	case msgHello:

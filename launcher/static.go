@@ -44,38 +44,80 @@ import (
 
 // staticAgents is where the connection handler tells a static program's launcher that the
 // program's agent has said hello: the launcher holds the program stopped until then.
+//
+// A process entered at its start or at an exec has no control connection (a fork child's agent
+// makes one, as the shim does) whose end would tell farmem of its next exec: its agent's
+// connection, close-on-exec too, tells instead (watched).
 type staticAgents struct {
+	rt      *runtime.Runtime
 	mu      sync.Mutex
 	waiting map[int]chan error // pid -> the filter's installation result
+	watched map[int]bool       // pids whose agent connection's end is an end of their image
 }
 
-func (s *staticAgents) expect(pid int) <-chan error {
+// expect is told of a process whose agent is about to say hello; watch: it has no control
+// connection, and its agent connection's end is watched for instead (runtime.ControlEnded).
+func (s *staticAgents) expect(pid int, watch bool) <-chan error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.waiting == nil {
-		s.waiting = map[int]chan error{}
+		s.waiting, s.watched = map[int]chan error{}, map[int]bool{}
 	}
 	c := make(chan error, 1)
 	s.waiting[pid] = c
+	s.watched[pid] = watch
 	return c
 }
 
 func (s *staticAgents) forget(pid int) {
 	s.mu.Lock()
 	delete(s.waiting, pid)
+	delete(s.watched, pid)
 	s.mu.Unlock()
 }
 
 // attached is called with each process whose agent said hello: a static program's gets its
 // filter, with its forks guarded, before its launcher lets it run.
-func (s *staticAgents) attached(p *runtime.Process) {
+func (s *staticAgents) attached(p *runtime.Process, a *agentConn) {
 	s.mu.Lock()
-	c := s.waiting[p.Pid()]
+	c, watch := s.waiting[p.Pid()], s.watched[p.Pid()]
 	delete(s.waiting, p.Pid())
+	delete(s.watched, p.Pid())
 	s.mu.Unlock()
-	if c != nil {
-		c <- p.InstallFilter()
+	if c == nil {
+		return
 	}
+	if watch && s.rt != nil {
+		watchAgent(s.rt, p, a)
+	}
+	c <- p.InstallFilter()
+}
+
+// watchAgent tells the runtime when p's agent connection ends (ControlEnded): the agent thread
+// ended, with its process or at an exec (the socket is close-on-exec), or farmem let it go.
+func watchAgent(rt *runtime.Runtime, p *runtime.Process, a *agentConn) {
+	fd, err := unix.FcntlInt(uintptr(a.sock), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	go func() {
+		defer unix.Close(fd)
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+		for {
+			// Only the end is waited for: the answers the evictor reads on the same socket
+			// make it readable, not hung up.
+			pfd[0].Revents = 0
+			if _, err := unix.Poll(pfd, -1); err == unix.EINTR {
+				continue
+			} else if err != nil {
+				return
+			}
+			if pfd[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+				break
+			}
+		}
+		rt.ControlEnded(p)
+	}()
 }
 
 // uffdFeatures are the features the runtime relies on (shim.c, new_uffd).
@@ -105,7 +147,7 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 		return -1, err
 	}
 	pid := tr.Pid()
-	ready := agents.expect(pid)
+	ready := agents.expect(pid, true)
 	lifeline = -1
 	defer func() {
 		if err == nil {
@@ -130,26 +172,8 @@ func startStatic(cmd *exec.Cmd, rt *runtime.Runtime, sock string, agents *static
 	if err != nil {
 		return lifeline, err
 	}
-	// Before its agent's hello, which installs the filter in an armed run. The agent is at the
-	// same address in every fork child (a copy of the parent's memory).
-	p.ServeForks(func(tid int, proceed func() error) error {
-		if !carriesAgent(tid, mem+agentOffset+img.params, sock) {
-			// An image the process exec'd since (a static one: a dynamic one has the shim,
-			// and a process of its own in the runtime): nothing of it is registered, so its
-			// child has nothing of farmem's to lose.
-			return proceed()
-		}
-		enter := func() error { return enterForkChild(img, mem, agents, tid, proceed) }
-		if tgid, err := procfs.Tgid(tid); err == nil && tgid == pid {
-			// The program's own fork: traced from its parent thread (tracer.go).
-			if err := parent.do(enter); !errors.Is(err, errGone) {
-				return err
-			}
-		}
-		goruntime.LockOSThread() // the child's tracer, until it is let go
-		defer goruntime.UnlockOSThread()
-		return enter()
-	})
+	// Before its agent's hello, which installs the filter in an armed run.
+	p.ServeForks(forkServer(img, mem, sock, agents, parent, pid))
 	if _, err := runAgentEntry(tr, mem+agentOffset+img.startEntry); err != nil {
 		return lifeline, err
 	}
@@ -211,6 +235,30 @@ func carriesAgent(tid int, params uint64, sock string) bool {
 	return err == nil && n == len(got) && string(got) == sock+"\x00"
 }
 
+// forkServer is the fork server (runtime.ForkServer) of a process farmem entered by injection,
+// its agent at mem: the agent is at the same address in every fork child (a copy of the
+// parent's memory). program is the pid of the program farmem started, whose forks are traced
+// from its parent thread (tracer.go).
+func forkServer(img *agentImage, mem uint64, sock string, agents *staticAgents, parent *parentThread, program int) runtime.ForkServer {
+	return func(tid int, proceed func() error) error {
+		if !carriesAgent(tid, mem+agentOffset+img.params, sock) {
+			// An image the process exec'd since, not entered yet: nothing of it is registered,
+			// so its child has nothing of farmem's to lose.
+			return proceed()
+		}
+		enter := func() error { return enterForkChild(img, mem, agents, tid, proceed) }
+		if tgid, err := procfs.Tgid(tid); err == nil && tgid == program {
+			// The program's own fork: traced from its parent thread (tracer.go).
+			if err := parent.do(enter); !errors.Is(err, errGone) {
+				return err
+			}
+		}
+		goruntime.LockOSThread() // the child's tracer, until it is let go
+		defer goruntime.UnlockOSThread()
+		return enter()
+	}
+}
+
 // runAgentEntry runs one of the agent's entries (agent.c) on the tracee's stopped thread, below
 // its stack pointer, and returns the agent thread's id.
 func runAgentEntry(tr *inject.Tracee, entry uint64) (int, error) {
@@ -267,7 +315,7 @@ func enterForkChild(img *agentImage, mem uint64, agents *staticAgents, tid int, 
 	if err != nil {
 		return err
 	}
-	ready := agents.expect(tr.Pid())
+	ready := agents.expect(tr.Pid(), false) // it says hello on a control connection
 	if _, err = runAgentEntry(tr, mem+agentOffset+img.forkEntry); err == nil {
 		err = holdUntilAttached(tr, ready, nil)
 	}

@@ -58,8 +58,11 @@ type Summary struct {
 	// OverCapFaults: faults let in over the cap because the evictor found nothing it could take.
 	OverCapFaults int64 `json:"over_cap_faults"`
 	// UnservedImages: images processes of the run exec'd that did not load the shim (a static
-	// binary, LD_PRELOAD dropped): they ran without farmem.
+	// binary, LD_PRELOAD dropped) and that farmem could not enter: they ran without farmem.
 	UnservedImages int64 `json:"unserved_images"`
+	// EnteredImages: images processes of the run exec'd that did not load the shim, which
+	// farmem entered by injection, as it enters a static program, and served from then on.
+	EnteredImages int64 `json:"entered_images"`
 	// BackendPeakPages and BackendPeakBytes: the most the backend held, in pages and in bytes
 	// (fewer bytes than pages when it compresses).
 	BackendPeakPages int64 `json:"backend_peak_pages"`
@@ -154,6 +157,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		Batches: Batches{Count: e.Batches.Load(), Runs: e.Runs.Load(), Staged: e.Staged.Load(), Removes: e.Removes.Load(),
 			Aborted: e.Aborted.Load(), StageNs: map[string]int64{}, Latency: histogram(&e.Batch)},
 		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(), OverCapFaults: s.OverCapFaults.Load(), UnservedImages: s.Unserved.Load(),
+		EnteredImages:    s.Entered.Load(),
 		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
 		BytesIn: rt.BytesIn(), BytesOut: rt.BytesOut(), PeakAnonBytes: s.PeakAnonPages.Load() * runtime.PageSize,
 		Processes: s.Processes.Load(),
@@ -234,10 +238,16 @@ func summaryLines(s *Summary) []string {
 		// kernel's when the program's agent drops them, a moment later; the sampled peak adds up
 		// each process's own count, so a page a fork child shares counts in both.
 		why := "pages being evicted count until their batch drops them"
-		if s.Processes > 1 {
+		if s.Processes-s.EnteredImages > 1 { // an entered image is counted as a process, but shares nothing
 			why += ", and a page a fork child shares counts in each process"
 		}
 		line("its anonymous memory went %s over the cap: %s", size(over), why)
+	}
+	switch {
+	case s.EnteredImages == 1:
+		line("an image the program exec'd did not load farmem's shim: farmem entered it, and capped it with the rest")
+	case s.EnteredImages > 1:
+		line("%s images the program exec'd did not load farmem's shim: farmem entered them, and capped them with the rest", count(s.EnteredImages))
 	}
 	switch {
 	case s.UnservedImages == 1:

@@ -51,7 +51,13 @@ func (rt *Runtime) filterMappings(p *Process) {
 		close(p.filterDone) // InstallFilter: nothing to install, and nothing failed
 		return
 	}
-	fd, err := a.Filter(rt.cfg.MinRegister, p.forks.Load() != nil)
+	// Forks are handed over by every process's filter, not only by a static program's: an image
+	// a dynamic process exec's without the shim inherits this filter and can get no other (one
+	// listener per chain), and its forks must reach its fork server (ServeForks) once farmem has
+	// entered it (ControlEnded). A process with no fork server has its forks let through
+	// (serveFork): one notification each, and clone3 fails with ENOSYS, as under docker's
+	// default filter (libcs fall back to clone).
+	fd, err := a.Filter(rt.cfg.MinRegister, true)
 	if errors.Is(err, unix.EBUSY) {
 		err = nil // a filter inherited from a parent has a listener already: ours, serving it
 		fd = -1

@@ -75,6 +75,10 @@ type Process struct {
 	// before the process is served, never changed.
 	forkParent *Process
 
+	// imageEnded: ControlEnded was told of the end of this image's connection (once is enough:
+	// a process may have two, its shim's and its agent's).
+	imageEnded atomic.Bool
+
 	place    placement // fault thread only (Faulting, Idle): which CPU the threads run on
 	failOnce sync.Once
 

@@ -52,6 +52,9 @@ type Config struct {
 	// NoFilter: no process of the run gets the mapping filter (farmem attach, attach.go: a
 	// seccomp filter cannot be taken out of a process again). The rescan finds its mappings.
 	NoFilter bool
+	// Images, if set, enters the images processes of the run exec'd that do not load the shim
+	// (ControlEnded); nil: they run without farmem.
+	Images ImageServer
 	// OnArm, if set, is called once when the run arms after it started unarmed, with the
 	// programs' anonymous memory then, from the RSS poll's goroutine (never a fault's).
 	OnArm func(anonBytes int64)
@@ -75,9 +78,12 @@ type Stats struct {
 	// OverCapFaults is the faults let in over the cap because the evictor had nothing left it
 	// could take (MustWait): held, they would have waited for ever.
 	OverCapFaults atomic.Int64
-	// Unserved is the images processes of the run exec'd that never said hello (ControlEnded):
-	// they ran without farmem.
+	// Unserved is the images processes of the run exec'd that never said hello and could not be
+	// entered (ControlEnded): they ran without farmem.
 	Unserved atomic.Int64
+	// Entered is the images processes of the run exec'd that did not load the shim and that
+	// farmem entered by injection (ControlEnded, Config.Images): served from then on.
+	Entered atomic.Int64
 	// Processes is how many processes the run served: the program, each image it exec'd and
 	// each fork child.
 	Processes atomic.Int64

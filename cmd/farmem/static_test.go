@@ -281,21 +281,23 @@ func TestStaticWithoutFilterRefused(t *testing.T) {
 	}
 }
 
-// A static program that execs a static program (itself, in fork mode) runs it correctly: the new
-// image is not served (farmem enters a program only at its start, so far), but it is not harmed
-// either: its forks are let through, its child runs, and both print the native digest.
+// A static program that execs a static program (itself, in fork mode) runs it correctly: farmem
+// learns of the exec from its agent's connection, which the exec ends, and enters the new image
+// as it entered the program (execed.go); its fork child is served, and both print the native
+// digest.
 func TestStaticExecsStatic(t *testing.T) {
 	prog := staticMusl(t)
 	want := native(t, prog, "64", "1000", "fork")
-	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", prog, "64", "1000", "exec")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("under farmem: %v\n%s", err, stderr.String())
+	out, s, _, err := runSampled(t, "run", "--local-mem", "32MiB", "--quiet", "--", prog, "64", "1000", "exec")
+	if err != nil {
+		t.Fatalf("under farmem: %v\n%s", err, out)
 	}
 	for _, line := range []string{"child: " + want, "fork: child exit 0", want} {
-		if !strings.Contains(stdout.String(), line+"\n") {
-			t.Errorf("the exec'd program did not print %q:\n%s%s", line, stdout.String(), stderr.String())
+		if !strings.Contains(out, line+"\n") {
+			t.Errorf("the exec'd program did not print %q:\n%s", line, out)
 		}
+	}
+	if s.EnteredImages != 1 {
+		t.Errorf("summary: entered_images %d, want 1: the exec'd image was not entered", s.EnteredImages)
 	}
 }
