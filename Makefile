@@ -145,7 +145,8 @@ bench-writeguess: build
 	OUT=results/writeguess workloads/bench/writeguess.sh
 
 # The transports (tcp, shm) against the raw floors measured in the same run (about 20 s, as root:
-# the fault-service table needs userfaultfd): results/fabric.md.
+# the fault-service table needs userfaultfd): results/fabric.md, and its raw rows (every path's
+# every round, with its latency histogram) in results/fabric.csv.
 .PHONY: bench-fabric bin/bench-fabric bench-writeguess
 bench-fabric: bin/bench-fabric
 	bin/bench-fabric -commit $(COMMIT) -out results/fabric.md

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -51,7 +52,8 @@ type ServerConfig struct {
 	// Logf reports connection-level trouble (refused peers, malformed frames); nil: discard.
 	Logf func(format string, args ...any)
 	// Spin is how long a connection polls for the client's next request after answering one,
-	// before it sleeps (0: it sleeps at once); see DialConfig.Spin.
+	// before it sleeps (0: it sleeps at once); see DialConfig.Spin. With Spin set, the process's
+	// GOMAXPROCS grows with the connections (procsForPollers).
 	Spin time.Duration
 	// Trace, if set, is told of every traced request (FlagTraced: tcp Reads and Writes of a
 	// client's sampled faults) once it is answered, on the connection's goroutine: it must be
@@ -172,8 +174,22 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 		s.conns[sc] = true
 		s.active.Add(1)
+		if s.spin > 0 {
+			procsForPollers(len(s.conns))
+		}
 		s.connMu.Unlock()
 		go sc.run()
+	}
+}
+
+// procsForPollers gives the process a Go scheduler slot (a P) per connection beyond one per
+// CPU. A connection polling for its next request (ServerConfig.Spin) holds its P throughout:
+// with no more Ps than pollers, a connection woken from a blocking read by a request would
+// wait for a poller's spin to end before it could answer it. The number only grows (a change
+// stops the world), and an idle P costs next to nothing.
+func procsForPollers(conns int) {
+	if want := runtime.NumCPU() + conns; runtime.GOMAXPROCS(0) < want {
+		runtime.GOMAXPROCS(want)
 	}
 }
 

@@ -33,10 +33,10 @@
 // The page table's lock is held across a backend read in one place only: the prefetch of the embedded stores, inline on the fault
 // thread, where the read is a memcpy and the lock keeps the chosen pages from changing under
 // it. A demand fault's backend read and the prefetch worker's batch read run unlocked: the
-// pages being read are marked Fetching, so the prefetcher does not choose them again and a
-// fault on one waits for its read, and only the fault thread, which is the one reading or
-// waiting, applies the events that could discard or move them. Each re-checks the page under
-// the lock before it installs.
+// pages being read are marked Fetching, so the prefetcher does not choose them again (a fault on
+// one the worker is reading reads it too, rather than wait for the worker's batch), and only
+// the fault thread, which is the one reading, applies the events that could discard or move
+// them. Each re-checks the page under the lock before it installs.
 //
 // # Fields
 //

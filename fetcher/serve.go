@@ -239,11 +239,10 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 	if e.Stage != 0 {
 		return f.fromStaging(pg, e, buf), FromBackend
 	}
-	if e.Fetching {
-		// The prefetch worker is reading it: wait for that batch (it wakes this thread)
-		// rather than read the page a second time.
-		return retryBusy, FromBackend
-	}
+	// Fetching here means the prefetch worker's (this thread's own reads are over): its batch
+	// may still be queued behind others, and a batch's read and install take longer than one
+	// page's, so the page is read again here rather than waited for. Whichever install comes
+	// second finds the page changed and drops its copy (unchanged, readEvicted's same).
 	// Evicted: a re-fault, which is what the prefetcher learns from.
 	src = FromBackend
 	if f.pf.pred != nil {

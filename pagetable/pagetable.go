@@ -28,8 +28,8 @@
 //	          is then dropped clean, and one written at every stay never takes a WP fault.
 //	          Fetching: being read from its slot, by the prefetch worker (queued in a batch)
 //	          or by the fault thread (a demand fault, which reads with the table unlocked):
-//	          it is not chosen for a prefetch, and a fault on it waits for that read instead
-//	          of reading it again. The reader clears it when done; any install resets it.
+//	          it is not chosen for a prefetch; a fault on a page the worker reads reads it
+//	          too. The reader clears it when done; any install resets it.
 //	          The fault thread also sets it on an Evicted or Staged page while it installs
 //	          the page with the table unlocked (fetcher's installUnlocked).
 //	          Stage != 0 (fork children only): the parent forked while this page was Staged.

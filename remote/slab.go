@@ -42,8 +42,9 @@ type replica struct {
 	bad atomic.Bool
 }
 
-// failedWrite is a copy a write failed on, and why.
+// failedWrite is a copy of sl a write failed on, and why.
 type failedWrite struct {
+	sl  *slab
 	r   *replica
 	err error
 }
@@ -73,59 +74,6 @@ func (sl *slab) goneFrom(srv *server, err error) {
 	if gone != nil {
 		sl.owner.replicaBad(sl, gone, err)
 	}
-}
-
-// write stores data (one page for each of pages) on every replica not known bad, in parallel.
-// It succeeds when at least one ready copy took it; then the copies that failed it miss these
-// pages, and come back in failed for the caller to report. A server that fails is also not
-// preferred for reads again.
-func (sl *slab) write(pages []uint32, data []byte) (failed []failedWrite, err error) {
-	addrs := make([]fabric.Addr, len(pages))
-	for i, pg := range pages {
-		addrs[i] = fabric.Addr{Slab: sl.id, Page: pg}
-		sl.sums[pg].Store(crc32.Checksum(data[i*backend.PageSize:(i+1)*backend.PageSize], crcTable))
-	}
-	sl.mu.RLock()
-	defer sl.mu.RUnlock()
-	if sl.lost != nil {
-		return nil, sl.lost
-	}
-	var stack [4]*replica
-	to := stack[:0]
-	for _, r := range sl.replicas {
-		if !r.bad.Load() {
-			to = append(to, r)
-		}
-	}
-	if len(to) == 0 {
-		return nil, fmt.Errorf("remote: no copy of slab %d is left to write", sl.id)
-	}
-	errs := make([]error, len(to))
-	var wg sync.WaitGroup
-	for i, r := range to[1:] {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i+1] = r.srv.write(addrs, data)
-		}()
-	}
-	errs[0] = to[0].srv.write(addrs, data)
-	wg.Wait()
-	var msgs []string
-	ok := false
-	for i, r := range to {
-		if errs[i] == nil && r.ready {
-			ok = true
-		}
-		if errs[i] != nil {
-			msgs = append(msgs, errs[i].Error())
-			failed = append(failed, failedWrite{r, errs[i]})
-		}
-	}
-	if !ok {
-		return nil, fmt.Errorf("remote: no copy of slab %d could be written: %s", sl.id, strings.Join(msgs, "; "))
-	}
-	return failed, nil
 }
 
 // read fills dst with a page from the fastest ready copy whose bytes match the page's sum,

@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,43 +177,22 @@ func (s *Store) Store(src []byte, slots []backend.Slot) error {
 	if err := s.take(slots[:n]); err != nil {
 		return err
 	}
-	// One request per slab and replica, whatever the order of the slots: reused slots come
-	// from the free list in any order, and a round trip per run would cost far more than the
-	// copy that gathers a slab's pages together.
-	bySlab := map[*slab][]int{}
+	slabOf := make([]*slab, n)
 	var order []*slab
 	s.mu.Lock() // take just handed these slots out: each names a slab we hold
 	for i := 0; i < n; i++ {
 		sl := s.slabs[uint64(slots[i])>>32-1]
-		if bySlab[sl] == nil {
+		if !slices.Contains(order, sl) {
 			order = append(order, sl)
 		}
-		bySlab[sl] = append(bySlab[sl], i)
+		slabOf[i] = sl
 	}
 	s.mu.Unlock()
-	for _, sl := range order {
-		idx := bySlab[sl]
-		pages := make([]uint32, len(idx))
-		data := src
-		if len(idx) != n {
-			data = make([]byte, len(idx)*backend.PageSize)
-		}
-		for j, i := range idx {
-			pages[j] = uint32(slots[i])
-			if len(idx) != n {
-				copy(data[j*backend.PageSize:], src[i*backend.PageSize:(i+1)*backend.PageSize])
-			}
-		}
-		failed, err := sl.write(pages, data[:len(idx)*backend.PageSize])
-		if err != nil {
-			s.mu.Lock()
-			s.giveBack(slots[:n])
-			s.mu.Unlock()
-			return err
-		}
-		for _, f := range failed {
-			s.replicaBad(sl, f.r, f.err)
-		}
+	if err := s.write(src, slots[:n], slabOf, order); err != nil {
+		s.mu.Lock()
+		s.giveBack(slots[:n])
+		s.mu.Unlock()
+		return err
 	}
 	s.stored.Add(int64(n))
 	return nil

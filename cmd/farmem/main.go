@@ -153,7 +153,7 @@ func runCommand() *cli.Command {
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of a farmem ctrl, or a comma-separated list of the ctrls: keep evicted pages\n\ton its memory servers instead of in this process (needs --token-file)"},
 			&cli.StringFlag{Name: "transport", Value: "tcp", Usage: "with --ctrl: how to reach memory servers: tcp; shm (a memory server on this host started\n\twith --shm DIR is reached through shared memory: no request per page; others by tcp); rdma"},
 			&cli.StringFlag{Name: "shm", Value: defaultSHMDir, Usage: "with --transport shm: the DIR given to the memory servers' --shm"},
-			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION (e.g. 50us) before sleeping"),
+			spinFlag("with --ctrl, over tcp: poll for each answer up to DURATION before sleeping", defaultRunSpin),
 			&cli.IntFlag{Name: "replicas", Value: 1, Usage: "with --ctrl: copies of every evicted page, each on a different memory server. With 2 or\n\tmore, losing a server loses nothing; with 1, losing it stops the program (never zeros)"},
 			ctrlTokenFlag("with --ctrl"),
 			caFlag(),

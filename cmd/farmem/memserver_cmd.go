@@ -39,7 +39,7 @@ func memserverCommand() *cli.Command {
 			&cli.StringFlag{Name: "capacity", Usage: "memory to donate, at least 1MiB; required. SIZE as for farmem run --local-mem: 32g or\n\t32GiB (1024-based), 32GB (1000-based), a byte count, or 50% (of this machine's memory: MemTotal)"},
 			&cli.StringFlag{Name: "ctrl", Usage: "HOST:PORT of the farmem ctrl, or a comma-separated list of the ctrls (it moves to\n\tanother when its ctrl stops answering); required"},
 			&cli.StringFlag{Name: "shm", Usage: "DIR: also serve clients on this host through shared memory (farmem run --transport shm), on the\n\tunix socket DIR/HOST:PORT.sock (HOST:PORT: the advertised address); e.g. --shm " + defaultSHMDir},
-			spinFlag("after answering a request, poll for the connection's next one up to DURATION (e.g. 50us) before sleeping"),
+			spinFlag("after answering a request, poll for the connection's next one up to DURATION before sleeping", defaultServerSpin),
 			ctrlTokenFlag(""),
 			caFlag(),
 		}, otlpFlags("a span of each traced request (see above)")...),

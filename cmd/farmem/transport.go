@@ -96,10 +96,22 @@ func transportDial(c *cli.Context, logf func(string, ...any)) (dialFunc, error) 
 // maxSpin bounds --spin: polling longer than this is burning a CPU, not waiting for an answer.
 const maxSpin = time.Millisecond
 
-// spinFlag is --spin: fabric's Spin. Polling avoids the wakeup of a sleeping thread, which costs
-// tens of microseconds on a VM without halt-polling; results/fabric.md has the measurements.
-func spinFlag(usage string) cli.Flag {
-	return &cli.DurationFlag{Name: "spin", Usage: usage + "; default 0: sleep at once (results/fabric.md)"}
+// The default spins. A fault's read waits for its answer polling: the program is stopped on
+// the fault meanwhile, so the CPU would otherwise idle, and an idle vCPU woken by the answer
+// costs more than the answer. A memory server polls for a connection's next request a little
+// longer than a faulting program's usual gap between faults, so that a program paging
+// steadily finds its server's thread awake, and sleeps once the program stops paging.
+const (
+	defaultRunSpin    = 50 * time.Microsecond
+	defaultServerSpin = 200 * time.Microsecond
+)
+
+// spinFlag is --spin: fabric's Spin, def by default. Polling avoids the wakeup of a sleeping
+// thread, which on a VM without halt-polling costs more than a loopback round trip
+// (results/fabric.md); a poll yields the CPU between tries, so a peer or a program sharing it
+// runs meanwhile.
+func spinFlag(usage string, def time.Duration) cli.Flag {
+	return &cli.DurationFlag{Name: "spin", Value: def, Usage: usage + "; 0: sleep at once (results/fabric.md)"}
 }
 
 func checkSpin(c *cli.Context) (time.Duration, error) {

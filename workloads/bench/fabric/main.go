@@ -333,6 +333,22 @@ type path struct {
 	roundP50   []time.Duration // each round's p50: how much the rounds differ
 	calls      int
 	elapsed    time.Duration
+	rounds     []round // each round's own figures: the CSV's raw rows
+}
+
+// round is one round of one path: its calls' histogram, and their time (the checks excluded).
+type round struct {
+	h       latency.Snapshot
+	calls   int
+	elapsed time.Duration
+}
+
+// endRound records a round of p: rh holds its calls' durations, elapsed their sum.
+func (p *path) endRound(rh *latency.Histogram, calls int, elapsed time.Duration) {
+	r := round{calls: calls, elapsed: elapsed}
+	rh.Snapshot(&r.h)
+	p.rounds = append(p.rounds, r)
+	p.roundP50 = append(p.roundP50, rh.Quantile(0.5))
 }
 
 // measure runs every path calls times per round, for rounds rounds, the order rotated each
@@ -350,19 +366,21 @@ func measure(paths []*path, rounds, calls int) {
 		for k := range paths {
 			p := paths[(k+r)%len(paths)]
 			var rh latency.Histogram
+			var elapsed time.Duration
 			for i := 0; i < calls; i++ {
 				t0 := time.Now()
 				p.f(p.calls)
 				d := time.Since(t0)
 				p.h.Record(d)
 				rh.Record(d)
-				p.elapsed += d // the calls' time only: the checks are not in it
+				elapsed += d // the calls' time only: the checks are not in it
 				if p.check != nil {
 					p.check(p.calls)
 				}
 				p.calls++
 			}
-			p.roundP50 = append(p.roundP50, rh.Quantile(0.5))
+			p.elapsed += elapsed
+			p.endRound(&rh, calls, elapsed)
 		}
 	}
 }
@@ -674,7 +692,9 @@ func report(lat, thr, flt []*path, ps string) error {
 		"to run halts (no halt-polling when guest_halt_poll_ns is 0), and waking it costs tens of microseconds, so "+
 		"the sleeping figures are worse on an idle machine than under load; \"rounds' p50\" shows the spread. "+
 		"Every page read was compared with what was written there, after each timed call (the raw stream: each call's last MiB, and every byte of an untimed call), "+
-		"every page a fault installed too, and every slab read back whole after the writes; a mismatch stops the benchmark.\n\n", *rounds, ps, ps)
+		"every page a fault installed too, and every slab read back whole after the writes; a mismatch stops the benchmark. "+
+		"The raw rows are in [%s](%s): each path's every round, its calls' time and histogram (log-linear buckets, within 12.5 %%), "+
+		"from which every figure here is computed again.\n\n", *rounds, ps, ps, filepath.Base(csvPath(*out)), filepath.Base(csvPath(*out)))
 
 	fmt.Fprintf(&b, "## 4 KiB read latency\n\n| path | p50 µs | p99 µs | mean µs | rounds' p50 µs | note |\n|---|---:|---:|---:|---|---|\n")
 	for _, r := range lat {
@@ -757,7 +777,10 @@ func report(lat, thr, flt []*path, ps string) error {
 			b.Write(old[i:])
 		}
 	}
-	return os.WriteFile(*out, []byte(b.String()), 0o644)
+	if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return writeCSV(csvPath(*out), map[string][]*path{"latency": lat, "throughput": thr, "fault": flt})
 }
 
 // allowedCPUs lists the CPUs this process may run on, as it started.
@@ -983,7 +1006,7 @@ func faultBench(n, rounds int, tr map[string]fabric.Transport, local []byte, wan
 			case err := <-herr:
 				return nil, err // the faulting thread stays blocked; the process is about to end
 			}
-			rows[i].roundP50 = append(rows[i].roundP50, rh.Quantile(0.5))
+			rows[i].endRound(&rh, int(rh.Count()), rh.Sum())
 		}
 	}
 	pinServer(nil)
