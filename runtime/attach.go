@@ -270,4 +270,3 @@ func (rt *Runtime) Let(p *Process) { rt.retire(p) }
 
 // AgentTid is the thread id of p's agent.
 func (p *Process) AgentTid() int { return int(p.agentTid.Load()) }
-

@@ -3,8 +3,9 @@
 //
 //   - Processes (procs.go): a program process and each fork child is a Process, attached when
 //     the preload shim says hello with its userfaultfd (a fork child is served at its FORK event,
-//     before its hello, and matched to it in fork order), retired when it exits. An image it
-//     exec's that does not load the shim is entered by the launcher (execed.go, ImageServer). A Process is
+//     before its hello, which names that event by the child's fork probe: forkclaim.go), retired
+//     when it exits. An image it exec's that does not load the shim is entered by the launcher
+//     (execed.go, ImageServer). A Process is
 //     the evictor's Target and its fetcher's Host: package fetcher serves its faults, package
 //     evictor takes its pages; the runtime holds what both must agree on (the cap, the uffd's
 //     life, the agent).

@@ -114,7 +114,7 @@ type Runtime struct {
 	mu    sync.Mutex
 	procs map[*Process]bool       // protected by mu
 	byPid map[int]*Process        // protected by mu
-	forks map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent, in fork order
+	forks map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent (live or retired), in fork order
 	// retiring counts retires between leaving procs and having released everything the
 	// process held (slots, fds). A process is live until then: the backend must outlive the
 	// last slot release, so Live and Close wait for these too. Protected by mu; retired is
