@@ -143,23 +143,6 @@ func PagePresent(pid int, addr uint64) (bool, error) {
 	return Present(e[0]), nil
 }
 
-// HasUffdRegistrations reports whether any mapping of pid is registered with a userfaultfd
-// (VmFlags "um" in /proc/PID/smaps).
-func HasUffdRegistrations(pid int) (bool, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if l := sc.Text(); strings.HasPrefix(l, "VmFlags:") && slices.Contains(strings.Fields(l), "um") {
-			return true, nil
-		}
-	}
-	return false, sc.Err()
-}
-
 // ThreadCPU returns the CPU thread tid of pid last ran on (field 39 of its stat).
 func ThreadCPU(pid, tid int) (int, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))

@@ -93,9 +93,9 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 // If the parent had nothing registered (not armed yet, or only small mappings), no FORK event
 // comes: the child holds no evicted page and starts afresh on fd. The child's smaps tell the
 // two apart exactly: it has not run any code of its own yet (it says hello from its atfork
-// handler), so its registrations are still the ones fork copied.
+// handler), so its registrations are still the ones fork copied, and its fork probe's.
 func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, error) {
-	inherited, err := procfs.HasUffdRegistrations(pid)
+	inherited, err := inheritedRegistrations(pid, probe)
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("fork child %d: %w", pid, err)
@@ -144,6 +144,21 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 	programAffinity(pid, parent) // undo a pinning it inherited; c already has the parent's
 	rt.watchExit(c, pid)
 	return c, nil
+}
+
+// inheritedRegistrations reports whether fork child pid holds ranges registered with a
+// userfaultfd other than its fork probe (the page at probe; 0: none).
+func inheritedRegistrations(pid int, probe uint64) (bool, error) {
+	ranges, err := procfs.UffdRanges(pid)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range ranges {
+		if probe == 0 || r[1] <= probe || r[0] >= probe+uint64(PageSize) {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // nextForkedLocked takes the next of parent's FORK events (rt.mu held) for its child pid, and
