@@ -289,6 +289,22 @@ static int open_uffd(void)
 	return fd;
 }
 
+/* register_on_own_uffd registers [addr, addr+len) with mode on a new uffd with no features, and
+ * returns that uffd, or -errno (nothing left open). */
+static long register_on_own_uffd(uint64_t addr, uint64_t len, uint64_t mode)
+{
+	int fd = open_uffd();
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register r = { .range = { addr, len }, .mode = mode };
+	long e = fd < 0 ? fd : raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0);
+	if (e >= 0) e = raw6(SYS_ioctl, fd, UFFDIO_REGISTER, (long)&r, 0, 0, 0);
+	if (e < 0) {
+		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+		return e;
+	}
+	return fd;
+}
+
 /* The staging area: where the agent moves a batch's victims (move_runs), for the runtime to read
  * and have dropped. It is registered, because UFFDIO_MOVE moves only into a range registered with
  * the uffd it is issued on (and with the same protection as the source: MISSING|WP, as the
@@ -302,18 +318,13 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
 {
 	long a = exempt6(SYS_mmap, 0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (a < 0) { *err = -a; return 0; }
-	int fd = open_uffd();
-	struct uffdio_api api = { .api = UFFD_API };
-	struct uffdio_register r = { .range = { (uint64_t)a, bytes }, .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP };
-	long e = fd < 0 ? fd : raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0);
-	if (e >= 0) e = raw6(SYS_ioctl, fd, UFFDIO_REGISTER, (long)&r, 0, 0, 0);
-	if (e < 0) {
-		*err = -e;
-		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+	long fd = register_on_own_uffd((uint64_t)a, bytes, UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP);
+	if (fd < 0) {
+		*err = -fd;
 		exempt6(SYS_munmap, a, bytes, 0, 0, 0, 0);
 		return 0;
 	}
-	stage_ufd = fd;
+	stage_ufd = (int)fd;
 	stage_addr = (uint64_t)a, stage_len = bytes;
 	return (uint64_t)a;
 }
@@ -330,7 +341,7 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
  * 2 held with waiters): the agent has no libc. */
 static int move_lock;
 
-static void lock_moves(void)
+__attribute__((unused)) static void lock_moves(void) /* the shim's atfork handler; not the agent's */
 {
 	int c = 0;
 	if (__atomic_compare_exchange_n(&move_lock, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
@@ -529,17 +540,12 @@ static uint64_t make_fork_probe(int *probe_ufd)
 		}
 	}
 	if (a < 0) return 0;
-	int fd = open_uffd();
-	struct uffdio_api api = { .api = UFFD_API };
-	struct uffdio_register r = { .range = { (uint64_t)a, FM_PAGE }, .mode = UFFDIO_REGISTER_MODE_MISSING };
-	long e = fd < 0 ? fd : raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0);
-	if (e >= 0) e = raw6(SYS_ioctl, fd, UFFDIO_REGISTER, (long)&r, 0, 0, 0);
-	if (e < 0) {
-		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+	long fd = register_on_own_uffd((uint64_t)a, FM_PAGE, UFFDIO_REGISTER_MODE_MISSING);
+	if (fd < 0) {
 		exempt6(SYS_munmap, a, FM_PAGE, 0, 0, 0, 0);
 		return 0;
 	}
-	*probe_ufd = fd;
+	*probe_ufd = (int)fd;
 	return (uint64_t)a;
 }
 
@@ -558,7 +564,7 @@ static void fork_child_hello(const char *sock)
 	close_fd(&stage_ufd);
 	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
 	drop_pidfd = -1;
-	uint64_t features;
+	uint64_t features = 0;
 	ctl = connect_path(sock);
 	ufd = new_uffd(&features);
 	int probe_ufd = -1;
