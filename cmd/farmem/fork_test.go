@@ -16,8 +16,9 @@ import (
 // Two threads fork again and again while a third rewrites pages, all paged hard at a 16 MiB cap:
 // children born at the same moment say hello in either order, and each must be served from its
 // own FORK event, its own page table and its own memory. Every child verifies its copy of every
-// 8th page and exits 1 on a wrong one; the attachee counts those (bad). Matched in fork order,
-// children were served zeros, or a sibling's staging copy, several times a run.
+// 8th page and exits 1 on a wrong one; the attachee counts those (bad). Matched in fork order, a
+// child would be served on its sibling's uffd, with its sibling's table: zeros, or its sibling's
+// pages.
 //
 // Off unless FARMEM_TEST_FORKS=1 (forkRaceOpen says why).
 func TestForkingThreadsEachServedAsItself(t *testing.T) {
@@ -70,9 +71,8 @@ func TestOrphanedForkChildServed(t *testing.T) {
 // forkRaceOpen skips a test of threads forking while their process is paged hard, unless
 // FARMEM_TEST_FORKS=1. Each child is now served as itself, but now and then the runtime still
 // stops one whose page table records resident a page absent from it (the stop that keeps it
-// from reading a wrong page): about one run in seven of TestForkingThreadsEachServedAsItself,
-// and more often with the forking threads forking at the same moment (testdata/attachee.c
-// with two forkers and no churn thread), after which the run can hang.
+// from reading a wrong page), more often with the forking threads forking at the same moment
+// (testdata/attachee.c with two forkers and no churn thread), after which the run can hang.
 func forkRaceOpen(t *testing.T) {
 	t.Helper()
 	if os.Getenv("FARMEM_TEST_FORKS") != "1" {
