@@ -33,13 +33,21 @@ func (rt *Runtime) claimForkLocked(mine func(fd int) bool) (*Process, error) {
 		}
 	}
 	if found != nil {
-		f := found.forkParent
-		rt.forks[f] = slices.DeleteFunc(rt.forks[f], func(c *Process) bool { return c == found })
-		if len(rt.forks[f]) == 0 {
-			delete(rt.forks, f)
-		}
+		rt.unqueueForkLocked(found)
 	}
 	return found, nil
+}
+
+// unqueueForkLocked takes c out of its parent's waiting FORK events, if it is there (rt.mu held).
+func (rt *Runtime) unqueueForkLocked(c *Process) {
+	f := c.forkParent
+	if f == nil {
+		return
+	}
+	rt.forks[f] = slices.DeleteFunc(rt.forks[f], func(q *Process) bool { return q == c })
+	if len(rt.forks[f]) == 0 {
+		delete(rt.forks, f)
+	}
 }
 
 // probeOwner answers, for a child whose fork probe is the page at probe, whether uffd fd is its

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -254,12 +253,7 @@ func (rt *Runtime) retire(p *Process) {
 	for _, c := range rt.forks[p] {
 		defer rt.retireLater(c)
 	}
-	if f := p.forkParent; f != nil {
-		rt.forks[f] = slices.DeleteFunc(rt.forks[f], func(c *Process) bool { return c == p })
-		if len(rt.forks[f]) == 0 {
-			delete(rt.forks, f)
-		}
-	}
+	rt.unqueueForkLocked(p)
 	rt.retiring++
 	rt.mu.Unlock()
 	defer func() {
