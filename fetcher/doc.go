@@ -21,11 +21,15 @@
 // The fault thread never waits on anything that waits on a fault: with EVENT_REMOVE/UNMAP/FORK
 // the program's madvise, munmap and fork block until the event is read, and while one is unread
 // every COPY and ZEROPAGE returns EAGAIN. A fault hit by EAGAIN is kept and resolved again from
-// scratch after the events are read (the page's state may have changed), never dropped.
+// scratch after the events are read (the page's state may have changed), never dropped. The
+// events of a read are applied, under the page table's lock taken before the read, before any
+// fault it returned is served: a fork child's table is cloned at its FORK event, and must not
+// see an install the child's memory never got (read).
 //
 // # Lock order
 //
-//	pagetable.PageTable.mu   the process's page table (its own doc: then Slots.mu)
+//	pagetable.PageTable.mu   the process's page table (its own doc: then Slots.mu); the fault
+//	                         thread holds it across each read of the uffd (read)
 //	PrefetchCache.mu         taken under the page table's lock, never the other way
 //
 // Nothing here holds a lock across a wait on the program, nor across the install of a page

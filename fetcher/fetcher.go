@@ -47,6 +47,9 @@ type Host interface {
 	Unmapped(start, end uint64)
 	// Fail stops the process: it cannot be served without being given wrong data. Any goroutine.
 	Fail(err error)
+	// Exited reports whether the process is gone: no thread of its own waits in a fault any
+	// more, only farmem's reads of its memory (an eviction batch's) can.
+	Exited() bool
 	// Hold keeps the uffd open until Release; false once the process is retired. The prefetch
 	// worker installs between the two.
 	Hold() bool

@@ -79,7 +79,7 @@ func (f *Fetcher) serve() {
 		// fault is usually queued by the time the ioctl returns, and the read takes it at once.
 		// In steady state a fault costs the read and the install, two system calls, where
 		// polling first and reading until EAGAIN cost four.
-		n, err := uffd.ReadMsgs(f.fd, msgs)
+		n, err := f.read(msgs)
 		if err != nil && err != unix.EAGAIN {
 			f.host.Fail(fmt.Errorf("read uffd: %w", err))
 			return
@@ -109,8 +109,11 @@ func (f *Fetcher) serve() {
 		if n > 0 {
 			now := time.Now()
 			for i := range msgs[:n] {
+				if msgs[i].Event() != uffd.EventPagefault {
+					continue // applied by read
+				}
 				f.clock.retried = false
-				if o := f.handle(&msgs[i], page, now); o != served {
+				if o := f.fault(&msgs[i], page, now); o != served {
 					pending = append(pending, pendingFault{msgs[i], now, 1 << o})
 				}
 			}
@@ -126,7 +129,7 @@ func (f *Fetcher) serve() {
 		for i := range pending {
 			f.clock.retried = true
 			pf := &pending[i]
-			if o := f.handle(&pf.msg, page, pf.since); o != served {
+			if o := f.fault(&pf.msg, page, pf.since); o != served {
 				pf.why |= 1 << o
 				kept = append(kept, *pf)
 				continue
@@ -138,62 +141,93 @@ func (f *Fetcher) serve() {
 	}
 }
 
-// handle serves one message read at since (earlier than now if it had to wait).
-func (f *Fetcher) handle(m *uffd.Msg, buf []byte, since time.Time) outcome {
-	switch m.Event() {
-	case uffd.EventPagefault:
-		flags, addr, tid := m.Pagefault()
-		pg := addr &^ (ps - 1)
-		if f.clock.on {
-			f.clock.reset(f.tracing.Sample, pg)
-		}
-		f.host.Faulting(int32(tid))
-		var o outcome
-		var src Source
-		switch {
-		case flags&uffd.PagefaultWP != 0:
-			o, src = f.wpFault(pg), FromWP
-		case f.host.MustWait(int32(tid)):
-			o = retryRoom
-		default:
-			o, src = f.missing(pg, flags&uffd.PagefaultWrite != 0, buf, since)
-		}
-		if o == served {
-			d := time.Since(since)
-			f.stats.Latency[src].Record(d)
-			if f.record != nil {
-				f.recordFault(flags, pg, src, since)
-			}
-			if f.tracing != nil {
-				f.traceFault(f.tracing, flags, pg, src, since, d)
-			}
-		}
-		return o
-	case uffd.EventRemove:
-		f.stats.Removes.Add(1)
-		s, e := m.Range()
-		f.table.Lock()
-		f.table.Removed(s, e)
+// read reads the messages queued on the uffd into msgs, and applies the layout events among them
+// (REMOVE, UNMAP, REMAP, FORK), in their order, before any fault read with them is served.
+//
+// The order is a fork child's: its table, cloned at its FORK event, must be its parent's as it
+// was when the fork copied the parent's memory. While the event is unread the kernel fails
+// every install in the parent (EAGAIN), so the table cannot run ahead of that memory; the read
+// that takes the event lifts the fence, and one read returns the faults queued before the
+// events. Served first, those faults' installs, and the prefetches they start, would put pages
+// in the parent only, and the clone would record them resident in a child that does not have
+// them: its first touch of one would find it absent. So the table is locked from before the
+// read until every event of it is applied (the prefetch worker installs under that lock too),
+// and the faults come after. An UNMAP or REMAP read before a FORK took effect before the fork
+// (the kernel raises them once the change is made), so they are applied before the clone.
+func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
+	f.table.Lock()
+	n, err := uffd.ReadMsgs(f.fd, msgs)
+	if err != nil || n == 0 {
 		f.table.Unlock()
-	case uffd.EventUnmap:
-		s, e := m.Range()
-		f.table.Lock()
-		f.table.DiscardRange(s, e)
-		f.table.Unlock()
-		f.host.Unmapped(s, e)
-	case uffd.EventRemap:
-		from, to, n := m.Remap()
-		f.table.Lock()
-		f.table.Move(from, to, n)
-		f.table.Unlock()
-		f.host.Unmapped(from, from+n)
-	case uffd.EventFork:
-		f.table.Lock()
-		ct := f.table.CloneFor()
-		f.table.Unlock()
-		f.host.Forked(m.ForkUFD(), ct)
+		return n, err
 	}
-	return served
+	var forks []*pagetable.PageTable // the FORK events' tables, in their order
+	for i := range msgs[:n] {
+		m := &msgs[i]
+		switch m.Event() {
+		case uffd.EventRemove:
+			s, e := m.Range()
+			f.table.Removed(s, e)
+		case uffd.EventUnmap:
+			s, e := m.Range()
+			f.table.DiscardRange(s, e)
+		case uffd.EventRemap:
+			from, to, l := m.Remap()
+			f.table.Move(from, to, l)
+		case uffd.EventFork:
+			forks = append(forks, f.table.CloneFor())
+		}
+	}
+	f.table.Unlock()
+	// What the events tell the rest of the run waits on nothing of the program's (Forked
+	// starts serving the child; its faults queue on its uffd meanwhile).
+	for i := range msgs[:n] {
+		m := &msgs[i]
+		switch m.Event() {
+		case uffd.EventRemove:
+			f.stats.Removes.Add(1)
+		case uffd.EventUnmap:
+			f.host.Unmapped(m.Range())
+		case uffd.EventRemap:
+			from, _, l := m.Remap()
+			f.host.Unmapped(from, from+l)
+		case uffd.EventFork:
+			f.host.Forked(m.ForkUFD(), forks[0])
+			forks = forks[1:]
+		}
+	}
+	return n, nil
+}
+
+// fault serves one page-fault message read at since (earlier than now if it had to wait).
+func (f *Fetcher) fault(m *uffd.Msg, buf []byte, since time.Time) outcome {
+	flags, addr, tid := m.Pagefault()
+	pg := addr &^ (ps - 1)
+	if f.clock.on {
+		f.clock.reset(f.tracing.Sample, pg)
+	}
+	f.host.Faulting(int32(tid))
+	var o outcome
+	var src Source
+	switch {
+	case flags&uffd.PagefaultWP != 0:
+		o, src = f.wpFault(pg), FromWP
+	case f.host.MustWait(int32(tid)):
+		o = retryRoom
+	default:
+		o, src = f.missing(pg, flags&uffd.PagefaultWrite != 0, buf, since)
+	}
+	if o == served {
+		d := time.Since(since)
+		f.stats.Latency[src].Record(d)
+		if f.record != nil {
+			f.recordFault(flags, pg, src, since)
+		}
+		if f.tracing != nil {
+			f.traceFault(f.tracing, flags, pg, src, since, d)
+		}
+	}
+	return o
 }
 
 // absentGrace is how long a fault on a page the table holds resident, yet absent, is retried
@@ -216,8 +250,11 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 		// Already installed (a batch filled it, or two threads faulted on it): just wake. The
 		// pagemap read is on this rare path only. If the page is absent, an mremap may have
 		// moved it (its REMAP event re-keys the entry shortly); past absentGrace the record
-		// is wrong and the content may be lost: the program is stopped, never woken into the
+		// is wrong and the content may be lost: the process is stopped, never woken into the
 		// same fault for ever, nor given zeros.
+		if f.host.Exited() {
+			return f.endFarmemRead(pg), FromZero
+		}
 		present, err := f.present(pg)
 		switch {
 		case err != nil || present:
@@ -226,7 +263,9 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 			return retryBusy, FromZero
 		}
 		f.host.Fail(fmt.Errorf("page %#x is absent from the program though farmem records it resident: its content may be lost", pg))
-		return served, FromZero
+		// Kept until the process is gone: the fault may be an eviction batch's read of the
+		// page, which only this thread can end (endFarmemRead).
+		return retryBusy, FromZero
 	case pagetable.Staged:
 		// A victim of the batch in flight. Moved out already, it is served from its copy in
 		// the staging area at once rather than after the batch commits; not moved yet (or
@@ -281,6 +320,24 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 	n, err := f.installUnlocked(e, pg, unsafe.Pointer(&buf[0]), mode)
 	f.clock.installed(IoctlCopy)
 	return f.installed(pg, n, err, d, e.Slot, src), src
+}
+
+// endFarmemRead ends a fault on a page recorded resident in a process that is gone. No thread of
+// the process waits in it; farmem's own read of the page can (an eviction batch copying a
+// victim out, which keeps the memory alive), and waits until the fault is answered. A zero
+// page answers it: no program will ever see the page, and the batch's copy dies with the
+// process's table. Anything but an install would leave the read, and the batch that retire
+// waits for, stuck for ever.
+func (f *Fetcher) endFarmemRead(pg uint64) outcome {
+	_, err := uffd.ZeroPage(f.fd, pg, ps, 0)
+	switch err {
+	case nil, unix.EEXIST, unix.ENOENT, unix.ESRCH:
+		return served
+	case unix.EAGAIN:
+		return retryEvent
+	}
+	f.host.Fail(fmt.Errorf("page %#x of a process gone: %w", pg, err))
+	return served
 }
 
 // installUnlocked installs evicted page pg (entry e, its table locked) from src, with the table

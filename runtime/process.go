@@ -87,6 +87,9 @@ type Process struct {
 	// ioctl on a closed (or reused) fd.
 	life    sync.RWMutex
 	retired bool // protected by life
+	// exited: the process is gone, or its memory is (an exec, a fork that failed): set once,
+	// before it is retired, by whoever saw it go; read by its fault thread (Exited).
+	exited atomic.Bool
 	// detaching: farmem is letting the process go (attach.go): no batch takes its pages, its
 	// faults never wait for room, nothing more is registered.
 	detaching atomic.Bool
@@ -262,6 +265,9 @@ func (p *Process) Idle(now int64) time.Duration {
 	p.place.quiet(now)
 	return quietSpell / 2
 }
+
+// Exited implements fetcher.Host.
+func (p *Process) Exited() bool { return p.exited.Load() }
 
 // Forked implements fetcher.Host.
 func (p *Process) Forked(fd int, table *pagetable.PageTable) { p.rt.forked(p, fd, table) }

@@ -44,6 +44,7 @@ func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
 		p.forks.Store(from.forks.Load()) // a fork child of a process with a fork server
 	}
 	if old != nil {
+		old.exited.Store(true) // its image is: the exec freed that memory
 		rt.retire(old)
 	}
 	p.fetch.Start()
@@ -123,6 +124,7 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 			var gone []*Process
 			c, gone = rt.nextForkedLocked(parent, pid)
 			for _, g := range gone {
+				g.exited.Store(true)
 				defer rt.retire(g)
 			}
 			if c != nil {
@@ -219,6 +221,7 @@ func (rt *Runtime) Lookup(pid int) *Process {
 func (rt *Runtime) watchExit(p *Process, pid int) {
 	pfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
+		p.exited.Store(true)
 		rt.retire(p)
 		return
 	}
@@ -231,6 +234,7 @@ func (rt *Runtime) watchExit(p *Process, pid int) {
 			}
 			break
 		}
+		p.exited.Store(true)
 		rt.retire(p)
 	}()
 }
@@ -263,14 +267,16 @@ func (rt *Runtime) retire(p *Process) {
 		}
 		rt.mu.Unlock()
 	}()
-	p.fetch.Stop()
 	p.agentMu.Lock()
 	if p.agent != nil {
 		p.agent.Close()
 	}
 	p.agentMu.Unlock()
+	// A batch on p ends before its fault thread stops: a batch's read of p's memory can fault,
+	// and only that thread can end the fault (fetcher's missing, once p has exited).
 	p.life.Lock()
 	p.retired = true
+	p.fetch.Stop()
 	p.table.Lock()
 	p.table.Clear()
 	p.table.Unlock()

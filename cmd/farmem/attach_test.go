@@ -281,10 +281,7 @@ func TestAttachDetach(t *testing.T) {
 // read: farmem freezes them wherever they are, finds each child through its FORK event, tells
 // which event is whose, and enters it; every child verifies its copy of the data (and rewrites
 // some of it), and none finds a wrong page, attached or after the detach.
-//
-// Off unless FARMEM_TEST_FORKS=1 (forkRaceOpen says why).
 func TestAttachForkingThreads(t *testing.T) {
-	forkRaceOpen(t)
 	attachForking(t, "16MiB")
 }
 
