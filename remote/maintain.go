@@ -101,8 +101,8 @@ func (s *Store) create(srv *server, g *fabric.Grant) error {
 	if err != nil {
 		return err
 	}
-	if err := t.Create(g); err != nil {
-		return srv.failed(fmt.Errorf("memory server at %s: %w", srv.addr, err))
+	if err := srv.answered(t.Create(g)); err != nil {
+		return fmt.Errorf("memory server at %s: %w", srv.addr, err)
 	}
 	return nil
 }
@@ -332,8 +332,8 @@ func (s *Store) rebuild(sl *slab, nr *replica) error {
 func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte) error {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if nr.bad.Load() || !slices.Contains(sl.replicas, nr) {
-		return errors.New("the copy was reported bad or dropped meanwhile")
+	if sl.lost != nil || nr.bad.Load() || !slices.Contains(sl.replicas, nr) {
+		return errFillMoot
 	}
 	var err error
 	for _, r := range sl.replicas {
@@ -344,8 +344,10 @@ func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte
 		if t, err = r.srv.transport(); err != nil {
 			continue
 		}
-		if err = t.Read(addrs, buf); err != nil {
-			r.srv.failed(err)
+		if err = r.srv.answered(t.Read(addrs, buf)); err != nil {
+			if isGone(err) {
+				s.replicaBad(sl, r, err) // the source copy is gone from its server
+			}
 			continue
 		}
 		if err = nr.srv.write(addrs, buf); err != nil {
@@ -358,6 +360,10 @@ func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte
 	}
 	return err
 }
+
+// errFillMoot: the copy being filled was dropped or reported bad meanwhile, or the slab is
+// lost: there is nothing left to fill.
+var errFillMoot = errors.New("the copy was reported bad or dropped meanwhile, or the slab is lost")
 
 // destError is a rebuild's failure to write the copy it fills (not to read the one it copies).
 type destError struct{ err error }
