@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/farmem/farmem/backend"
@@ -196,16 +197,32 @@ func TestGoneCopyFoundByReadIsReplaced(t *testing.T) {
 		slot = sl
 		break
 	}
-	addr, _, _, ok := s.DescribeLoad(slot)
-	if !ok {
-		t.Fatal("no copy to read from")
-	}
 	sb, _, err := s.slot(slot)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.byAddr(addr).srv.FreeSlab(sb.id) // the copy the next read prefers
-	verify(t, s, pages)
+	// A read prefers the copy whose server answered fastest so far, so any read of another slab
+	// may change which copy this slab's next read takes, and a copy no read takes is never found
+	// gone. Read the described slot itself next, with no read in between.
+	addr, _, _, ok := s.DescribeLoad(slot)
+	if !ok {
+		t.Fatal("no copy to read from")
+	}
+	c.byAddr(addr).srv.FreeSlab(sb.id)
+	buf := make([]byte, backend.PageSize)
+	if err := s.Load(slot, buf); err != nil {
+		t.Fatalf("slot %#x, its preferred copy gone: %v", slot, err)
+	}
+	if !bytes.Equal(buf, pages[slot]) {
+		t.Fatalf("slot %#x, its preferred copy gone, came back with other bytes", slot)
+	}
+	sb.mu.RLock()
+	for _, r := range sb.replicas {
+		if r.srv.addr == addr && !r.bad.Load() {
+			t.Errorf("the read of slot %#x did not find its preferred copy on %s gone: that copy is not marked bad", slot, addr)
+		}
+	}
+	sb.mu.RUnlock()
 	c.whole(s, 2)
 	sb.mu.RLock()
 	for _, r := range sb.replicas {

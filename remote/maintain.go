@@ -101,8 +101,8 @@ func (s *Store) create(srv *server, g *fabric.Grant) error {
 	if err != nil {
 		return err
 	}
-	if err := t.Create(g); err != nil {
-		return srv.failed(fmt.Errorf("memory server at %s: %w", srv.addr, err))
+	if err := srv.answered(t.Create(g)); err != nil {
+		return fmt.Errorf("memory server at %s: %w", srv.addr, err)
 	}
 	return nil
 }
@@ -278,21 +278,55 @@ func (s *Store) applySlab(sl *slab, cs ctrl.Slab) {
 		s.done.Add(1)
 		go func() {
 			defer s.done.Done()
-			if err := s.rebuild(sl, nr); err != nil {
-				var de destError
-				if errors.As(err, &de) {
-					s.replicaBad(sl, nr, de.err) // the ctrl places another
-					return
-				}
-				s.cfg.Logf("farmem: filling the replacement copy of slab %d on %s failed: %v", sl.id, srv.addr, err)
-				return
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := s.ctrl.ReplicaReady(ctx, s.session.ID, sl.id, srv.id); err != nil {
-				s.cfg.Logf("farmem: telling the ctrl slab %d is whole again: %v", sl.id, err)
-			}
+			s.fill(sl, nr)
 		}()
+	}
+}
+
+// Filling a replacement copy waits this long after a failed try, doubling up to the cap.
+const (
+	fillRetryFirst = 100 * time.Millisecond
+	fillRetryMax   = 5 * time.Second
+)
+
+// fill copies the slab into the replacement copy nr and tells the ctrl it is ready. A copy
+// that cannot be written is reported bad (the ctrl places another). A source that cannot be
+// read (timed out, unreachable) is tried again, with backoff, until it can be, nr is dropped
+// or reported bad, the slab is lost or the store closes: given up on, nr would stay listed and
+// never ready, the slab a copy short for good, since the ctrl's maps show nr as held already
+// and nothing would fill it again.
+func (s *Store) fill(sl *slab, nr *replica) {
+	wait := fillRetryFirst
+	for try := 1; ; try++ {
+		err := s.rebuild(sl, nr)
+		if err == nil {
+			if try > 1 {
+				s.cfg.Logf("farmem: the replacement copy of slab %d on %s is filled (try %d)", sl.id, nr.srv.addr, try)
+			}
+			break
+		}
+		var de destError
+		switch {
+		case errors.As(err, &de):
+			s.replicaBad(sl, nr, de.err) // the ctrl places another
+			return
+		case errors.Is(err, errClosed) || errors.Is(err, errFillMoot):
+			return
+		}
+		if try == 1 {
+			s.cfg.Logf("farmem: filling the replacement copy of slab %d on %s failed (trying again until it can be filled): %v", sl.id, nr.srv.addr, err)
+		}
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, fillRetryMax)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.ctrl.ReplicaReady(ctx, s.session.ID, sl.id, nr.srv.id); err != nil {
+		s.cfg.Logf("farmem: telling the ctrl slab %d is whole again: %v", sl.id, err)
 	}
 }
 
@@ -332,8 +366,8 @@ func (s *Store) rebuild(sl *slab, nr *replica) error {
 func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte) error {
 	sl.mu.Lock()
 	defer sl.mu.Unlock()
-	if nr.bad.Load() || !slices.Contains(sl.replicas, nr) {
-		return errors.New("the copy was reported bad or dropped meanwhile")
+	if sl.lost != nil || nr.bad.Load() || !slices.Contains(sl.replicas, nr) {
+		return errFillMoot
 	}
 	var err error
 	for _, r := range sl.replicas {
@@ -344,8 +378,10 @@ func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte
 		if t, err = r.srv.transport(); err != nil {
 			continue
 		}
-		if err = t.Read(addrs, buf); err != nil {
-			r.srv.failed(err)
+		if err = r.srv.answered(t.Read(addrs, buf)); err != nil {
+			if isGone(err) {
+				s.replicaBad(sl, r, err) // the source copy is gone from its server
+			}
 			continue
 		}
 		if err = nr.srv.write(addrs, buf); err != nil {
@@ -358,6 +394,10 @@ func (s *Store) copyChunk(sl *slab, nr *replica, addrs []fabric.Addr, buf []byte
 	}
 	return err
 }
+
+// errFillMoot: the copy being filled was dropped or reported bad meanwhile, or the slab is
+// lost: there is nothing left to fill.
+var errFillMoot = errors.New("the copy was reported bad or dropped meanwhile, or the slab is lost")
 
 // destError is a rebuild's failure to write the copy it fills (not to read the one it copies).
 type destError struct{ err error }

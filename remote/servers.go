@@ -1,6 +1,7 @@
 package remote
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -57,7 +58,11 @@ type server struct {
 	mu   sync.Mutex
 	t    fabric.Transport // protected by mu; nil until first used
 	kind string           // protected by mu; t's transport by name (tcp, shm, rdma), set with t
-	down error            // protected by mu; the failure that made us stop preferring it
+
+	// down is set when a request to it could not be made or was not answered (unreachable,
+	// timed out, another instance), and cleared when one is answered: a down server is read
+	// from last, counted down by Health, and not sent frees. Atomic: every read ranks by it.
+	down atomic.Bool
 
 	latency atomic.Int64 // EWMA of a page read, ns
 	corrupt atomic.Int64 // pages it returned with a wrong checksum
@@ -71,25 +76,32 @@ func (sv *server) transport() (fabric.Transport, error) {
 	}
 	t, err := sv.ss.dial(sv.addr, sv.ss.cfg)
 	if err != nil {
-		sv.down = err
+		sv.down.Store(true)
 		return nil, err
 	}
 	if t.Instance() != sv.id {
 		t.Close()
-		err := fmt.Errorf("memory server at %s is instance %s, not %s: it restarted and its pages are gone", sv.addr, t.Instance(), sv.id)
-		sv.down = err
-		return nil, err
+		sv.down.Store(true)
+		return nil, fmt.Errorf("memory server at %s is instance %s, not %s: it restarted and its pages are gone", sv.addr, t.Instance(), sv.id)
 	}
 	sv.t, sv.kind = t, transportName(t)
 	return t, nil
 }
 
-func (sv *server) failed(err error) error {
-	sv.mu.Lock()
-	if sv.down == nil {
-		sv.down = err
+// answered records how a request to the server ended and returns err. A refusal
+// (fabric.RemoteError: no such slab, full, a bad grant) is an answer: the server is up, and
+// what it refused is the caller's to handle (a gone slab is one bad copy, not a bad server).
+// Anything else (a timeout, a dropped connection) marks it down.
+func (sv *server) answered(err error) error {
+	var re *fabric.RemoteError
+	switch {
+	case err == nil || errors.As(err, &re):
+		if sv.down.Load() {
+			sv.down.Store(false)
+		}
+	default:
+		sv.down.Store(true)
 	}
-	sv.mu.Unlock()
 	return err
 }
 
@@ -100,21 +112,14 @@ func (sv *server) transportName() string {
 	return sv.kind
 }
 
-func (sv *server) isDown() bool {
-	sv.mu.Lock()
-	defer sv.mu.Unlock()
-	return sv.down != nil
-}
+func (sv *server) isDown() bool { return sv.down.Load() }
 
 func (sv *server) write(addrs []fabric.Addr, data []byte) error {
 	t, err := sv.transport()
 	if err != nil {
 		return err
 	}
-	if err := t.Write(addrs, data); err != nil {
-		return sv.failed(err)
-	}
-	return nil
+	return sv.answered(t.Write(addrs, data))
 }
 
 // free frees a slab on the server if we are connected to it and it has not failed: best
@@ -122,11 +127,8 @@ func (sv *server) write(addrs []fabric.Addr, data []byte) error {
 func (sv *server) free(slab uint64) {
 	sv.mu.Lock()
 	t := sv.t
-	if sv.down != nil {
-		t = nil
-	}
 	sv.mu.Unlock()
-	if t != nil {
+	if t != nil && !sv.isDown() {
 		t.Free(slab)
 	}
 }
@@ -152,8 +154,8 @@ func (sv *server) readMany(addrs []fabric.Addr, dst []byte, tc *fabric.TraceCont
 	} else {
 		err = t.Read(addrs, dst[:len(addrs)*backend.PageSize])
 	}
-	if err != nil {
-		return sv.failed(err)
+	if sv.answered(err) != nil {
+		return err
 	}
 	if len(addrs) != 1 {
 		return nil

@@ -59,8 +59,7 @@ func newSlab(owner *Store, id uint64, pages uint32) *slab {
 // goneFrom is a read's refusal that says the server no longer holds the slab for us: the copy
 // is gone though the server lives (it freed it), so it is reported bad like a failed write.
 func (sl *slab) goneFrom(srv *server, err error) {
-	var re *fabric.RemoteError
-	if !errors.As(err, &re) || re.Status != fabric.StatusNoSlab || sl.owner == nil {
+	if !isGone(err) || sl.owner == nil {
 		return
 	}
 	sl.mu.RLock()
@@ -74,6 +73,12 @@ func (sl *slab) goneFrom(srv *server, err error) {
 	if gone != nil {
 		sl.owner.replicaBad(sl, gone, err)
 	}
+}
+
+// isGone is a server's refusal that says it holds no such slab for this session.
+func isGone(err error) bool {
+	var re *fabric.RemoteError
+	return errors.As(err, &re) && re.Status == fabric.StatusNoSlab
 }
 
 // read fills dst with a page from the fastest ready copy whose bytes match the page's sum,

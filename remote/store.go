@@ -9,8 +9,9 @@
 // copy it could not create.
 //
 // A copy that a write failed on while the write as a whole succeeded (another ready copy took
-// it), or that could not be created, is reported to the ctrl as bad (bad.go): its server may be
-// alive, so no death would drop it, yet it misses pages. The ctrl places a replacement, which
+// it), that its server says it no longer holds, or that could not be created, is reported to
+// the ctrl as bad (bad.go): its server may be alive, so no death would drop it, yet it misses
+// pages. A server's refusal (fabric.RemoteError) is an answer: it never marks the server down. The ctrl places a replacement, which
 // maintain fills as after a server's death; housekeep sends the reports.
 //
 // A slot names a page of a slab: the slab's index in Store.slabs (plus one; zero is never a
@@ -48,7 +49,7 @@ type Config struct {
 	// Dial reaches a memory server (default: fabric.DialTCP).
 	Dial func(addr string, cfg fabric.DialConfig) (fabric.Transport, error)
 	// Timeout bounds each request to a memory server (default 1s): past it, the next replica
-	// is tried and the server is not used again.
+	// is tried and the server is read from last until it answers a request again.
 	Timeout time.Duration
 	Logf    func(format string, args ...any)
 }

@@ -80,20 +80,27 @@ func newCluster(t *testing.T, servers int) *cluster {
 	return c
 }
 
-func (c *cluster) addServer() *memserver {
+func (c *cluster) addServer() *memserver { return c.addServerVia(nil) }
+
+// addServerVia adds a memory server that the ctrl and clients reach at front(its own address),
+// or at its own address if front is nil.
+func (c *cluster) addServerVia(front func(addr string) string) *memserver {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	addr := ln.Addr().String()
+	if front != nil {
+		addr = front(addr)
+	}
 	cfg := fabric.ServerConfig{Token: token, CapacityPages: 1 << 16, Logf: c.t.Logf}
 	if trace := c.trace; trace != nil {
-		addr := ln.Addr().String()
 		cfg.Trace = func(r *fabric.TracedRequest) { trace(addr, r) }
 	}
 	srv := fabric.NewServer(cfg)
 	go srv.Serve(ln)
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &memserver{srv: srv, addr: ln.Addr().String(), stop: cancel}
+	m := &memserver{srv: srv, addr: addr, stop: cancel}
 	go ctrl.ServeHeartbeats(ctx, ctrl.NewClient(c.ctrl, token, nil), m.addr, srv, c.t.Logf)
 	c.t.Cleanup(m.kill)
 	c.servers = append(c.servers, m)

@@ -2,6 +2,7 @@ package remote
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"slices"
@@ -18,6 +19,13 @@ import (
 // slabs, since freed slots are reused from any slab, and a request per slab would cost a round
 // trip each, one after the other, while the program's faults on the batch's pages wait for the
 // batch to end. The servers are written in parallel.
+//
+// A server refuses a whole request when one of its slabs is gone (it checks every address
+// before it stores a page), so a request refused for a gone slab is sent again slab by slab
+// (resendBySlab): the slabs still there take their pages, and only the gone slab's copy is
+// reported bad. Not a refusal that names the gone slabs: that would change the wire for a rare
+// event, and the shm and rdma transports, which find a gone slab on their own side, would each
+// need it too.
 
 // serverWrite is what one server is sent: the pages of src on slabs with a copy there, in
 // src's order.
@@ -25,7 +33,18 @@ type serverWrite struct {
 	srv   *server
 	addrs []fabric.Addr
 	idx   []int // the page of src each address is written from
-	err   error
+	err   error // the request's outcome
+	// bySlab, if not nil, is each slab's own outcome: the request was refused for a gone slab
+	// and sent again slab by slab.
+	bySlab map[uint64]error
+}
+
+// errFor is how the write of slab id's pages to this server went.
+func (w *serverWrite) errFor(id uint64) error {
+	if w.bySlab != nil {
+		return w.bySlab[id]
+	}
+	return w.err
 }
 
 // write stores page i of src (n pages) in slot slots[i], on every copy of the slot's slab not
@@ -103,7 +122,7 @@ func (s *Store) write(src []byte, slots []backend.Slot, slabOf []*slab, order []
 		var msgs []string
 		var bad []failedWrite
 		for j, r := range copies[sl] {
-			if err := to[sl][j].err; err != nil {
+			if err := to[sl][j].errFor(sl.id); err != nil {
 				msgs = append(msgs, err.Error())
 				bad = append(bad, failedWrite{sl, r, err})
 			} else if r.ready {
@@ -135,4 +154,52 @@ func (w *serverWrite) send(src []byte, n int) {
 		}
 	}
 	w.err = w.srv.write(w.addrs, data)
+	if isGone(w.err) && !oneSlab(w.addrs) {
+		w.resendBySlab(data)
+	}
+}
+
+// resendBySlab writes the pages of each of w's slabs (data holds w's pages, in w.addrs' order)
+// in a request of their own, and records each slab's outcome. Once a request is not answered
+// (timed out, the connection dropped), the slabs not sent yet fail with it rather than wait a
+// timeout each: their copies miss the pages either way, and are reported bad.
+func (w *serverWrite) resendBySlab(data []byte) {
+	var slabs []uint64
+	pos := map[uint64][]int{} // each slab's pages, by index in w.addrs
+	for j, a := range w.addrs {
+		if pos[a.Slab] == nil {
+			slabs = append(slabs, a.Slab)
+		}
+		pos[a.Slab] = append(pos[a.Slab], j)
+	}
+	w.bySlab = make(map[uint64]error, len(slabs))
+	var unanswered error
+	for _, id := range slabs {
+		if unanswered != nil {
+			w.bySlab[id] = unanswered
+			continue
+		}
+		addrs := make([]fabric.Addr, len(pos[id]))
+		pages := make([]byte, len(pos[id])*backend.PageSize)
+		for k, j := range pos[id] {
+			addrs[k] = w.addrs[j]
+			copy(pages[k*backend.PageSize:], data[j*backend.PageSize:(j+1)*backend.PageSize])
+		}
+		err := w.srv.write(addrs, pages)
+		w.bySlab[id] = err
+		var re *fabric.RemoteError
+		if err != nil && !errors.As(err, &re) {
+			unanswered = err
+		}
+	}
+}
+
+// oneSlab says whether every address is in one slab.
+func oneSlab(addrs []fabric.Addr) bool {
+	for _, a := range addrs[1:] {
+		if a.Slab != addrs[0].Slab {
+			return false
+		}
+	}
+	return true
 }
