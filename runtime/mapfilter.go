@@ -119,6 +119,10 @@ func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
 		seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
 		return
 	}
+	// No batch moves the process's pages while it forks (Process.forkGate). A move under way
+	// ends first: it waits on nothing of the forking thread's, held here before its fork.
+	p.forkGate.Lock()
+	defer p.forkGate.Unlock()
 	proceeded := false
 	err := (*f)(int(n.Pid), func() error {
 		proceeded = true

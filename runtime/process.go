@@ -64,6 +64,14 @@ type Process struct {
 	brkMu     sync.Mutex // serializes the process's notified brk calls (mapfilter.go)
 	brk       int64      // protected by brkMu; the break the last of them left (0: not known yet)
 
+	// forkGate is held for writing while a fork the filter handed over is served (serveFork),
+	// and tried for reading by each batch's move (Move), which moves nothing if a fork holds it.
+	// A page moved while fork copies the address space, from a mapping not yet copied into a
+	// staging area already copied, would be in neither of the child's copies: the shim's
+	// atfork handler keeps its own forks from meeting a move (the agent's move_lock), but a
+	// process without the shim (static, attached, an entered image) forks unseen by it.
+	forkGate sync.RWMutex
+
 	regMu      sync.Mutex
 	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
 
@@ -191,6 +199,17 @@ func (p *Process) Move(runs []evictor.Run, dst uint64, status []byte) error {
 	if a == nil {
 		return evictor.ErrGone
 	}
+	if !p.forkGate.TryRLock() {
+		// A fork is under way: nothing moves, and the batch drops its victims instead (a
+		// drop takes the mmap lock, which fork holds while it copies), as the agent does
+		// when a fork holds its move_lock. Never waited for: the forking thread may be
+		// waiting on this batch (a fault on a victim, or room at the cap).
+		for i := range status {
+			status[i] = byte(unix.EAGAIN)
+		}
+		return nil
+	}
+	defer p.forkGate.RUnlock()
 	err := a.Move(runs, dst, status)
 	if err == nil && len(status) > 0 && (status[0] == byte(unix.ENOTTY) || status[0] == byte(unix.ENOSYS)) {
 		p.staging, p.noStaging = 0, true // a kernel before 6.8: no UFFDIO_MOVE

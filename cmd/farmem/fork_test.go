@@ -22,10 +22,28 @@ import (
 //   - A child's table must be its parent's as it was at the fork. Faults the parent took while
 //     its FORK event was queued, served before the event, had pages recorded resident in the
 //     child that only the parent had: the runtime stopped the child, and then the run could hang.
-func TestForkingThreadsEachServedAsItself(t *testing.T) {
+func TestForkingThreadsEachServedAsItself(t *testing.T) { forkingThreads(t, attacheeBin(t)) }
+
+// The same in a static program (musl), whose forks the runtime enters itself (the fork server):
+// no shim's atfork handler holds the batches' moves back while it forks, the runtime does.
+func TestStaticForkingThreads(t *testing.T) {
+	cc, err := exec.LookPath("musl-gcc")
+	if err != nil {
+		t.Skip("musl-gcc is not installed (Debian's musl-tools; scripts/test-deps.sh installs it)")
+	}
+	bin := filepath.Join(t.TempDir(), "attachee-musl")
+	if b, err := exec.Command(cc, "-static", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the musl attachee: %v\n%s", err, b)
+	}
+	forkingThreads(t, bin)
+}
+
+// forkingThreads runs attachee bin under farmem at 16 MiB with two forking threads, together
+// and beside a churning thread, until they forked 60 times each way, every child verifying its
+// copy.
+func forkingThreads(t *testing.T, bin string) {
 	for _, tc := range []struct{ name, churn string }{{"together", "0"}, {"churning", "1"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			bin := attacheeBin(t)
 			var stderr syncBuffer
 			cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", bin, "32", "2", tc.churn)
 			cmd.Stderr = &stderr
