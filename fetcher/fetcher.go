@@ -47,6 +47,9 @@ type Host interface {
 	Unmapped(start, end uint64)
 	// Fail stops the process: it cannot be served without being given wrong data. Any goroutine.
 	Fail(err error)
+	// ForkChild returns, for a fork child that has not said hello yet (Pid 0), the pid of the
+	// process thread tid belongs to if that process is this child, else 0.
+	ForkChild(tid int32) int
 	// Exited reports whether the process is gone: no thread of its own waits in a fault any
 	// more, only farmem's reads of its memory (an eviction batch's) can.
 	Exited() bool
@@ -96,6 +99,8 @@ type Fetcher struct {
 	zero  zeroStreams   // fault thread only: sequential first-touch detection
 	pf    prefetchState // fault thread only, under the table's lock; pf.pred nil: no prefetching
 	clock faultClock    // fault thread only: stage timestamps of the fault being served, if traced
+	// faultTid is the thread whose fault is being served (memPid); fault thread only.
+	faultTid int32
 	// prefetchQ carries the fault thread's predictions to the prefetch worker (memory servers);
 	// nil without a worker. Closed by Stop once the fault thread has ended.
 	prefetchQ chan prefetchBatch

@@ -16,6 +16,7 @@ func (nopHost) MustWait(int32) bool              { return false }
 func (nopHost) Room() int64                      { return 1 << 30 }
 func (nopHost) PrefetchRoom() int64              { return 1 << 30 }
 func (nopHost) Exited() bool                     { return false }
+func (nopHost) ForkChild(int32) int              { return 0 }
 func (nopHost) Idle(int64) time.Duration         { return 0 }
 func (nopHost) Forked(int, *pagetable.PageTable) {}
 func (nopHost) Unmapped(uint64, uint64)          {}

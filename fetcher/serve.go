@@ -203,6 +203,7 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 func (f *Fetcher) fault(m *uffd.Msg, buf []byte, since time.Time) outcome {
 	flags, addr, tid := m.Pagefault()
 	pg := addr &^ (ps - 1)
+	f.faultTid = int32(tid)
 	if f.clock.on {
 		f.clock.reset(f.tracing.Sample, pg)
 	}
@@ -565,7 +566,7 @@ func (f *Fetcher) readStagingCopy(pg uint64, e *pagetable.Entry, buf []byte) (pr
 	f.clock.mark(&f.clock.lookup)
 	local := []unix.Iovec{{Base: &buf[0]}}
 	local[0].SetLen(ps)
-	got, err := unix.ProcessVMReadv(f.host.Pid(), local, []unix.RemoteIovec{{Base: uintptr(src), Len: ps}}, 0)
+	got, err := unix.ProcessVMReadv(f.memPid(), local, []unix.RemoteIovec{{Base: uintptr(src), Len: ps}}, 0)
 	if err == unix.ESRCH {
 		return true, err
 	}
@@ -592,11 +593,24 @@ var errNoPid = errors.New("pid not known yet")
 
 // present reads the page's present bit from /proc/PID/pagemap.
 func (f *Fetcher) present(pg uint64) (bool, error) {
-	pid := f.host.Pid()
+	pid := f.memPid()
 	if pid == 0 {
 		return false, errNoPid
 	}
 	return procfs.PagePresent(pid, pg)
+}
+
+// memPid is the pid through which the fault thread reads the process's memory for the fault
+// it serves: the process's own, or, for a fork child that has not said hello, the faulting
+// thread's process if the Host vouches that it is this child (ForkChild). A child can fault
+// before its hello (a static program's child runs the agent's fork entry on its stack), and on
+// a page whose content only its own memory holds (its copy of its parent's staging area); a
+// fault that waited for the hello would wait for ever. 0: not known yet.
+func (f *Fetcher) memPid() int {
+	if pid := f.host.Pid(); pid != 0 {
+		return pid
+	}
+	return f.host.ForkChild(f.faultTid)
 }
 
 // traceSource is how a fault trace names each Source.

@@ -191,6 +191,20 @@ func Tgid(tid int) (int, error) {
 	return 0, fmt.Errorf("no Tgid in the status of %d", tid)
 }
 
+// PPid returns the pid of process pid's parent.
+func PPid(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("no PPid in the status of %d", pid)
+}
+
 // StatusBytes returns a size field of pid's status (VmRSS, VmHWM, RssAnon, ...), which the
 // kernel gives in kB, in bytes; pid 0 is this process.
 func StatusBytes(pid int, field string) (int64, error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/prefetch"
 )
 
@@ -283,6 +284,30 @@ func (p *Process) Idle(now int64) time.Duration {
 	}
 	p.place.quiet(now)
 	return quietSpell / 2
+}
+
+// ForkChild implements fetcher.Host. Thread tid's process is taken for this child, not yet
+// said hello, if it is not farmem, nor a process served under its pid, its parent is this
+// child's parent (or init: orphaned), and its vDSO is where the parent's was (fork copies it
+// there; another program has its own elsewhere). Only this child's own threads and remote
+// readers of its memory fault on its uffd; a remote reader (a debugger) fails these tests, and
+// its fault waits for the hello.
+func (p *Process) ForkChild(tid int32) int {
+	parent := p.forkParent
+	if parent == nil || p.probe == 0 || p.Pid() != 0 || tid <= 0 {
+		return 0
+	}
+	pid, err := procfs.Tgid(int(tid))
+	if err != nil || pid == os.Getpid() || p.rt.Lookup(pid) != nil {
+		return 0
+	}
+	if ppid, err := procfs.PPid(pid); err != nil || (ppid != parent.Pid() && ppid != 1) {
+		return 0
+	}
+	if a, err := vdso(pid); err != nil || a != p.probe {
+		return 0
+	}
+	return pid
 }
 
 // Exited implements fetcher.Host.
