@@ -88,11 +88,9 @@ func (s *imageServer) SaysHello(pid int) bool {
 	if sock != s.sock || !slices.Contains(libs, s.shim) || secure(pid) {
 		return false
 	}
-	// The shim's directory is farmem's own (0700): a process that switched to another user
-	// (su, runuser, a server dropping root) cannot open it, and its loader ignores it.
-	if uid, ok := fsUID(pid); !ok || (uid != 0 && uid != os.Geteuid()) {
-		return false
-	}
+	// A process that switched to another user (su, runuser, a server dropping root) loads it
+	// too: the shim's directory is readable by anyone, and farmem does what the user may not
+	// (asuser.go).
 	static, err := staticExe(pid)
 	return err == nil && !static
 }

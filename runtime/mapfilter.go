@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -66,7 +68,7 @@ func (rt *Runtime) filterMappings(p *Process) {
 	close(p.filterDone)
 	if err != nil {
 		if p.forks.Load() == nil && rt.filterFailed.CompareAndSwap(false, true) {
-			fmt.Fprintf(os.Stderr, "farmem: cannot install the mapping filter (%v): glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", err)
+			fmt.Fprintf(os.Stderr, "farmem: %s: glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", filterRefusal(p.Pid(), err))
 		}
 		return
 	}
@@ -264,4 +266,33 @@ func (rt *Runtime) lookupThread(tid int) *Process {
 		return nil
 	}
 	return rt.Lookup(tgid)
+}
+
+// filterRefusal says why process pid's agent could not install the mapping filter. A process
+// running as another user than root may not without no_new_privs, which farmem does not set: it
+// would change what the program's own exec of a setuid binary does.
+func filterRefusal(pid int, err error) string {
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		if uid, ok := effectiveUID(pid); ok && uid != 0 {
+			return fmt.Sprintf("process %d runs as user %d, which may not install the mapping filter without no_new_privs (farmem does not set it): it is served without the filter", pid, uid)
+		}
+	}
+	return fmt.Sprintf("cannot install the mapping filter (%v)", err)
+}
+
+// effectiveUID returns process pid's effective user id (the second of /proc/PID/status's Uid).
+func effectiveUID(pid int) (int, bool) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			if f := strings.Fields(v); len(f) >= 2 {
+				uid, err := strconv.Atoi(f[1])
+				return uid, err == nil
+			}
+		}
+	}
+	return 0, false
 }
