@@ -473,12 +473,20 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 	case err != nil:
 		unix.Close(fd)
 	case m.C&helloForkChild != 0:
+		parent := rt.Lookup(int(m.A))
 		p, err = rt.AttachForked(int(m.Pid), int(m.A), fd, m.C&^(pageSize-1))
 		if err == nil && p.UFFD() != fd {
 			keep = p.UFFD() // served on the uffd of its FORK event: the shim keeps a copy of it
 		}
+		if err == nil {
+			p.InheritFilter(parent)
+		}
 	default:
+		old := rt.Lookup(int(m.Pid)) // the image this one replaced, if it exec'd
 		p, err = rt.Attach(int(m.Pid), fd)
+		if err == nil {
+			p.InheritFilter(old)
+		}
 	}
 	status := uint64(0)
 	if err != nil {

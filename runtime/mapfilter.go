@@ -60,8 +60,10 @@ func (rt *Runtime) filterMappings(p *Process) {
 	// (serveFork): one notification each, and clone3 fails with ENOSYS, as under docker's
 	// default filter (libcs fall back to clone).
 	fd, err := a.Filter(rt.cfg.MinRegister, true)
-	if errors.Is(err, unix.EBUSY) {
-		err = nil // a filter inherited from a parent has a listener already: ours, serving it
+	if errors.Is(err, unix.EBUSY) || err != nil && p.filterInherited.Load() {
+		// A filter inherited from a parent has a listener already: ours, serving it. A process
+		// that may not install one (it runs as another user) is EACCES even so.
+		err = nil
 		fd = -1
 	}
 	p.filterErr = err
@@ -81,6 +83,22 @@ func (rt *Runtime) filterMappings(p *Process) {
 		defer unix.Close(fd)
 		rt.serveNotifications(fd)
 	}()
+}
+
+// InheritFilter records that p came with from's mapping filter (from: the image p replaced with
+// an exec, or the parent p forked from), if from has one of farmem's: filters are kept across
+// exec and fork, and served on the listener of the process that installed it.
+func (p *Process) InheritFilter(from *Process) {
+	if from == nil || !from.filtered.Load() {
+		return
+	}
+	select {
+	case <-from.filterDone:
+		if from.filterErr == nil || from.filterInherited.Load() {
+			p.filterInherited.Store(true)
+		}
+	default: // being installed as it exec'd or forked: not known
+	}
 }
 
 // ForkServer enters a fork child of a process that cannot do it itself: tid is the thread about

@@ -1,0 +1,95 @@
+package main
+
+// End-to-end tests of a program of the run that runs as another user than root (runuser drops
+// to nobody and exec's it): farmem serves it as it serves a root one, doing for it what the user
+// may not (launcher/asuser.go), with no capability given to the program.
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// nobodyDir returns a new directory that user nobody may read and run programs from (a test's
+// TempDir is its owner's alone).
+func nobodyDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "farmem-asuser-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// The attachee, run as nobody under a cap well below its data, with a thread that forks children
+// which verify every 8th page and rewrite some: every page verifies after heavy eviction, in the
+// program and in its fork children; the run stays within the cap; and the program is served, not
+// counted unserved. Armed mid-run, after the program switched users, it has no mapping filter
+// (it may not install one), which farmem says; armed from the start, it keeps the one farmem
+// installed in runuser, which it inherited.
+func TestAsUserServed(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	bin := filepath.Join(dir, "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	for _, c := range []struct {
+		name            string
+		capMiB, dataMiB int
+		inherited       bool
+	}{
+		{"ArmedMidRun", 64, 160, false},
+		{"ArmedFromStart", 32, 96, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sum := filepath.Join(dir, c.name+".json")
+			cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", c.capMiB), "--summary-json", sum, "--",
+				runuser, "-u", "nobody", "--", bin, fmt.Sprint(c.dataMiB), "1")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			a := startAttacheeCmd(t, cmd)
+			rss := sampleRSS(cmd.Process.Pid)
+			forks := 0
+			for i := 0; i < 20 && forks < 3; i++ {
+				var bad int
+				if _, forks, bad = a.check(t); bad != 0 {
+					t.Fatalf("%d fork children of the program found a page not their own", bad)
+				}
+			}
+			fmt.Fprintln(a.in, "exit")
+			if err := a.cmd.Wait(); err != nil {
+				t.Fatalf("farmem run: %v\n%s", err, stderr.String())
+			}
+			peaks := rss.finish()
+			t.Logf("%s", stderr.String())
+			if forks < 1 {
+				t.Errorf("the program's forking thread finished no fork")
+			}
+			s := readSummary(t, sum)
+			if s.UnservedImages != 0 {
+				t.Errorf("summary: unserved_images %d, want 0", s.UnservedImages)
+			}
+			// runuser, its child (which exec's the program), and the program's fork children.
+			if s.Processes < 4 {
+				t.Errorf("farmem served %d processes: the program or its fork children were not served", s.Processes)
+			}
+			if s.Evicted.Written == 0 || s.Faults["backend"].Count == 0 {
+				t.Errorf("the program was never paged: %d pages written out, %d read back", s.Evicted.Written, s.Faults["backend"].Count)
+			}
+			said := strings.Contains(stderr.String(), "runs as user 65534, which may not install the mapping filter without no_new_privs (farmem does not set it): it is served without the filter")
+			if said == c.inherited {
+				t.Errorf("farmem said the program, as nobody, is served without the mapping filter: %v; want %v", said, !c.inherited)
+			}
+			checkCap(t, s, peaks, int64(c.capMiB)<<20)
+		})
+	}
+}
