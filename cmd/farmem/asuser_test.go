@@ -53,7 +53,7 @@ func TestAsUserServed(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			sum := filepath.Join(dir, c.name+".json")
 			cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", c.capMiB), "--summary-json", sum, "--",
-				runuser, "-u", "nobody", "--", bin, fmt.Sprint(c.dataMiB), "1")
+				runuser, "-u", "nobody", "--", "/bin/sh", "-c", `[ "$(id -u)" = 65534 ] && exec "$0" "$1" 1`, bin, fmt.Sprint(c.dataMiB))
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			a := startAttacheeCmd(t, cmd)
@@ -78,7 +78,8 @@ func TestAsUserServed(t *testing.T) {
 			if s.UnservedImages != 0 {
 				t.Errorf("summary: unserved_images %d, want 0", s.UnservedImages)
 			}
-			// runuser, its child (which exec's the program), and the program's fork children.
+			// runuser, its child (which exec's sh, then the program), id, and the program's fork
+			// children.
 			if s.Processes < 4 {
 				t.Errorf("farmem served %d processes: the program or its fork children were not served", s.Processes)
 			}
@@ -92,4 +93,46 @@ func TestAsUserServed(t *testing.T) {
 			checkCap(t, s, peaks, int64(c.capMiB)<<20)
 		})
 	}
+}
+
+// A program running as nobody that exec's a setuid-root binary: the new image, in secure
+// execution, ignores the shim and is entered as farmem enters any such image (root again, it may
+// have its uffd and filter); its data and its fork children's verify, within the cap.
+func TestAsUserExecsSetuid(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	bin := filepath.Join(dir, "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	if err := os.Chmod(bin, os.ModeSetuid|0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := filepath.Join(dir, "summary.json")
+	const capMiB = 32
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--summary-json", sum, "--",
+		runuser, "-u", "nobody", "--", "/bin/sh", "-c", `[ "$(id -u)" = 65534 ] && exec "$0" 96 1`, bin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	a := startAttacheeCmd(t, cmd)
+	rss := sampleRSS(cmd.Process.Pid)
+	forks := 0
+	for i := 0; i < 20 && forks < 3; i++ {
+		var bad int
+		if _, forks, bad = a.check(t); bad != 0 {
+			t.Fatalf("%d fork children of the program found a page not their own", bad)
+		}
+	}
+	fmt.Fprintln(a.in, "exit")
+	if err := a.cmd.Wait(); err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, stderr.String())
+	}
+	peaks := rss.finish()
+	t.Logf("%s", stderr.String())
+	if forks < 1 {
+		t.Errorf("the program's forking thread finished no fork")
+	}
+	s := readSummary(t, sum)
+	checkEntered(t, s)
+	checkCap(t, s, peaks, capMiB<<20)
 }
