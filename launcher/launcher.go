@@ -482,10 +482,15 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 			p.InheritFilter(parent)
 		}
 	default:
-		old := rt.Lookup(int(m.Pid)) // the image this one replaced, if it exec'd
+		// Whose mapping filter it has, if any: the image it replaced, or, for a child that exec'd
+		// with no hello of its own (vfork, posix_spawn), its parent.
+		from := rt.Lookup(int(m.Pid))
+		if from == nil {
+			from = rt.Lookup(int(m.A))
+		}
 		p, err = rt.Attach(int(m.Pid), fd)
 		if err == nil {
-			p.InheritFilter(old)
+			p.InheritFilter(from)
 		}
 	}
 	status := uint64(0)

@@ -89,15 +89,18 @@ func (rt *Runtime) filterMappings(p *Process) {
 // an exec, or the parent p forked from), if from has one of farmem's: filters are kept across
 // exec and fork, and served on the listener of the process that installed it.
 func (p *Process) InheritFilter(from *Process) {
-	if from == nil || !from.filtered.Load() {
-		return
-	}
-	select {
-	case <-from.filterDone:
-		if from.filterErr == nil || from.filterInherited.Load() {
-			p.filterInherited.Store(true)
+	switch {
+	case from == nil:
+	case from.filterInherited.Load():
+		p.filterInherited.Store(true) // a fork child that exec'd before its agent said hello, say
+	case from.filtered.Load():
+		select {
+		case <-from.filterDone:
+			if from.filterErr == nil {
+				p.filterInherited.Store(true)
+			}
+		default: // being installed as it exec'd or forked: not known
 		}
-	default: // being installed as it exec'd or forked: not known
 	}
 }
 
