@@ -5,12 +5,14 @@ package main
 // may not (launcher/asuser.go), with no capability given to the program.
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -135,4 +137,55 @@ func TestAsUserExecsSetuid(t *testing.T) {
 	s := readSummary(t, sum)
 	checkEntered(t, s)
 	checkCap(t, s, peaks, capMiB<<20)
+}
+
+// A process outside the run, as nobody, that names the run's shim and socket (their names are
+// readable by anyone: the socket's in /proc/net/unix) is refused the /dev/userfaultfd farmem
+// would hand a process of the run: farmem says so, and the process's shim stops it rather than
+// let it run half served. The run goes on unharmed.
+func TestAsUserOutsiderRefused(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", "/bin/sh", "-c",
+		`echo "$LD_PRELOAD" "$FARMEM_SOCK"; read x; echo still here`)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() {
+		t.Fatalf("the program said nothing: %s", stderr.String())
+	}
+	names := strings.Fields(lines.Text())
+	if len(names) != 2 {
+		t.Fatalf("the program printed %q, not its LD_PRELOAD and FARMEM_SOCK", lines.Text())
+	}
+	outsider := exec.Command(runuser, "-u", "nobody", "--", "/usr/bin/env", "LD_PRELOAD="+names[0], "FARMEM_SOCK="+names[1], "/bin/true")
+	b, err := outsider.CombinedOutput()
+	// runuser waits for its child and exits 128+9 for its SIGKILL.
+	if ws, ok := outsider.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.ExitStatus() != 128+int(syscall.SIGKILL) {
+		t.Errorf("the outsider ended with %v, not killed by its shim:\n%s", err, b)
+	}
+	if !strings.Contains(string(b), "farmem shim: farmem refused this process a userfaultfd: it is not one of the run's") {
+		t.Errorf("the outsider's shim did not say why it stopped it:\n%s", b)
+	}
+	fmt.Fprintln(in, "go on")
+	if !lines.Scan() || lines.Text() != "still here" {
+		t.Errorf("the run's program did not go on")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("farmem run: %v", err)
+	}
+	if !strings.Contains(stderr.String(), "(user 65534), which is not one of the run's, asked for a userfaultfd: refused") {
+		t.Errorf("farmem did not name the refused outsider:\n%s", stderr.String())
+	}
 }

@@ -517,6 +517,7 @@ static int ask_uffd_dev(void)
 	if (ctl < 0 || send_msg(ctl, &m, sizeof m, -1) < 0) return -1;
 	if (recv_msg(ctl, &m, sizeof m, &fd) != sizeof m || m.type != MSG_UFFD_DEV_OK || m.a || fd < 0) {
 		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+		if (m.type == MSG_UFFD_DEV_OK && m.a == EPERM) say("farmem refused this process a userfaultfd: it is not one of the run's");
 		return -1;
 	}
 	uffd_dev = fd;
