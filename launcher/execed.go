@@ -200,8 +200,10 @@ func (s *imageServer) enter(pid int) (err error) {
 	mem, fd, lifeline, err := injectAgent(tr, s.img, s.sock)
 	if err != nil {
 		if uid, ok := fsUID(pid); ok && uid != 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
-			// Its userfaultfd is made by a call in it, with its credentials.
-			return fmt.Errorf("%w (it runs as user %d, which may not make one)", err, uid)
+			// Its userfaultfd is made by a call in it, with its credentials. (An image with the
+			// shim is served as that user: asuser.go.)
+			return fmt.Errorf("%w (it runs as user %d without farmem's shim: an image farmem enters from outside makes its "+
+				"userfaultfd and mapping filter itself, which that user may not)", err, uid)
 		}
 		return err
 	}

@@ -189,3 +189,28 @@ func TestAsUserOutsiderRefused(t *testing.T) {
 		t.Errorf("farmem did not name the refused outsider:\n%s", stderr.String())
 	}
 }
+
+// A static program run as nobody has no shim, and farmem, which enters such an image from
+// outside, cannot make its userfaultfd and filter as that user: it runs on without farmem,
+// right, named on stderr with the reason and counted unserved.
+func TestAsUserStaticNamed(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	prog := filepath.Join(nobodyDir(t), "staticfill-go")
+	if b, err := exec.Command("cp", staticGo(t), prog).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, b)
+	}
+	want := native(t, prog, "64", "100")
+	out, s, _, err := runSampled(t, "run", "--local-mem", "32MiB", "--", runuser, "-u", "nobody", "--", prog, "64", "100")
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if got := digestLine(t, out); got != want {
+		t.Errorf("as nobody under farmem the program printed\n%s\nnatively\n%s", got, want)
+	}
+	if !strings.Contains(out, "(it runs as user 65534 without farmem's shim: an image farmem enters from outside makes its userfaultfd and mapping filter itself, which that user may not)): it runs without farmem") {
+		t.Errorf("farmem did not name the unserved image and why")
+	}
+	if s.UnservedImages != 1 || s.EnteredImages != 0 {
+		t.Errorf("summary: unserved_images %d, entered_images %d, want 1 and 0", s.UnservedImages, s.EnteredImages)
+	}
+}
