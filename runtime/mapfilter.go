@@ -69,6 +69,9 @@ func (rt *Runtime) filterMappings(p *Process) {
 	p.filterErr = err
 	close(p.filterDone)
 	if err != nil {
+		if p.forks.Load() == nil {
+			rt.Stats.Unfiltered.Add(1) // a process with a fork server is not served without
+		}
 		if p.forks.Load() == nil && rt.filterFailed.CompareAndSwap(false, true) {
 			fmt.Fprintf(os.Stderr, "farmem: %s: glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", filterRefusal(p.Pid(), err))
 		}

@@ -88,6 +88,9 @@ func TestAsUserServed(t *testing.T) {
 			if s.Evicted.Written == 0 || s.Faults["backend"].Count == 0 {
 				t.Errorf("the program was never paged: %d pages written out, %d read back", s.Evicted.Written, s.Faults["backend"].Count)
 			}
+			if unfiltered := s.UnfilteredProcesses > 0; unfiltered == c.inherited {
+				t.Errorf("summary: unfiltered_processes %d, want %s", s.UnfilteredProcesses, map[bool]string{true: "0", false: "some"}[c.inherited])
+			}
 			said := strings.Contains(stderr.String(), "runs as user 65534, which may not install the mapping filter without no_new_privs (farmem does not set it): it is served without the filter")
 			if said == c.inherited {
 				t.Errorf("farmem said the program, as nobody, is served without the mapping filter: %v; want %v", said, !c.inherited)
