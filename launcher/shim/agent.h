@@ -620,7 +620,8 @@ static void fork_child_hello(const char *sock)
  * detach): the staging area (empty: no batch runs once farmem detaches) and its uffd, the drop
  * pidfd, the lifeline's read end (before farmem closes the write end, whose close would otherwise
  * kill the process), the process's copy of its uffd (farmem keeps its own until it has
- * unregistered every range) and the control connection. */
+ * unregistered every range), farmem's /dev/userfaultfd, if it was sent one, and the control
+ * connection. */
 static void detach_agent(void)
 {
 	if (stage_addr) exempt6(SYS_munmap, stage_addr, stage_len, 0, 0, 0, 0);
@@ -634,6 +635,7 @@ static void detach_agent(void)
 	if (lifeline >= 0) raw6(SYS_fcntl, lifeline, F_SETFL, O_NONBLOCK, 0, 0, 0);
 	close_fd(&lifeline);
 	close_fd(&ufd);
+	close_fd(&uffd_dev);
 	close_fd(&ctl);
 }
 
