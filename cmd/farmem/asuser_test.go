@@ -88,6 +88,11 @@ func TestAsUserServed(t *testing.T) {
 			if s.Evicted.Written == 0 || s.Faults["backend"].Count == 0 {
 				t.Errorf("the program was never paged: %d pages written out, %d read back", s.Evicted.Written, s.Faults["backend"].Count)
 			}
+			// Its staging area's uffd, which the agent moves victims into, is made on farmem's
+			// device too.
+			if s.Batches.Staged == 0 {
+				t.Errorf("no batch moved a page into the program's staging area")
+			}
 			if unfiltered := s.UnfilteredProcesses > 0; unfiltered == c.inherited {
 				t.Errorf("summary: unfiltered_processes %d, want %s", s.UnfilteredProcesses, map[bool]string{true: "0", false: "some"}[c.inherited])
 			}
