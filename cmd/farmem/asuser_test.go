@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // nobodyDir returns a new directory that user nobody may read and run programs from (a test's
@@ -227,5 +228,36 @@ func TestAsUserStaticNamed(t *testing.T) {
 	}
 	if s.UnservedImages != 1 || s.EnteredImages != 0 {
 		t.Errorf("summary: unserved_images %d, entered_images %d, want 1 and 0", s.UnservedImages, s.EnteredImages)
+	}
+}
+
+// If farmem dies while a program running as nobody pages (and forks), every process of it dies
+// too, through the lifeline each made as that user, and none reads a page that is not its own.
+func TestAsUserFarmemKilled(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	bin := filepath.Join(dir, "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", runuser, "-u", "nobody", "--", bin, "96", "1")
+	a := startAttacheeCmd(t, cmd)
+	if _, _, bad := a.check(t); bad != 0 {
+		t.Fatalf("%d fork children found a page not their own", bad)
+	}
+	fmt.Fprintln(a.in, "check") // in flight, faulting its pages back, as farmem dies
+	tree := descendants(cmd.Process.Pid)
+	cmd.Process.Kill()
+	for l := range a.lines {
+		if strings.HasPrefix(l, "BAD") {
+			t.Errorf("the program read a page not its own after farmem died: %s", l)
+		}
+	}
+	for _, pid := range tree {
+		if !exitsWithin(pid, 10*time.Second) {
+			wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("process %d of the program's tree still there 10 s after farmem (waiting in %s)", pid, wchan)
+		}
 	}
 }
