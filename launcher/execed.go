@@ -20,10 +20,10 @@ import (
 )
 
 // An image a served process exec's that does not load farmem's shim (a static binary, or a dynamic
-// program whose LD_PRELOAD was dropped, as `env -u LD_PRELOAD` and sudo do, or that runs as another
-// user, who cannot read the shim) is entered as `farmem attach` enters a running process, the
-// moment farmem sees the exec (runtime.ControlEnded: the process's control connection ended, and
-// its old memory is gone): every thread seized and interrupted (inject.Seize), the agent put in and
+// program whose LD_PRELOAD was dropped, as `env -u LD_PRELOAD` and sudo do, or a setuid one) is
+// entered as `farmem attach` enters a running process, the moment farmem sees the exec
+// (runtime.ControlEnded: the process's control connection ended, and its old memory is gone):
+// every thread seized and interrupted (inject.Seize), the agent put in and
 // started, and, unlike attach, the mapping filter installed, with its forks handed over as a static
 // program's are (forkServer). A filter is fine here where attach must do without: under `farmem
 // run` there is no detach, and farmem's death kills the program anyway. An armed run registers the
@@ -41,8 +41,9 @@ import (
 // Its forks in that moment are not served: its children run without farmem.
 //
 // If the image cannot be entered (it is traced already; it runs as an unprivileged user, and the
-// userfaultfd and the filter, made by calls in it with its credentials, are refused; farmem has no
-// CAP_SYS_ADMIN for the filter), it runs on untouched and uncapped, and the runtime names it on
+// userfaultfd and the filter, made by calls in it with its credentials, are refused: a dynamic
+// image of such a user loads the shim instead, asuser.go; farmem has no CAP_SYS_ADMIN for the
+// filter), it runs on untouched and uncapped, and the runtime names it on
 // stderr with the reason; nothing of farmem's is left in it, and it is never stopped for it.
 
 // imageServer enters, for one run, the images its processes exec that do not load the shim
@@ -88,11 +89,9 @@ func (s *imageServer) SaysHello(pid int) bool {
 	if sock != s.sock || !slices.Contains(libs, s.shim) || secure(pid) {
 		return false
 	}
-	// The shim's directory is farmem's own (0700): a process that switched to another user
-	// (su, runuser, a server dropping root) cannot open it, and its loader ignores it.
-	if uid, ok := fsUID(pid); !ok || (uid != 0 && uid != os.Geteuid()) {
-		return false
-	}
+	// A process that switched to another user (su, runuser, a server dropping root) loads it
+	// too: the shim's directory is readable by anyone, and farmem does what the user may not
+	// (asuser.go).
 	static, err := staticExe(pid)
 	return err == nil && !static
 }
@@ -201,8 +200,10 @@ func (s *imageServer) enter(pid int) (err error) {
 	mem, fd, lifeline, err := injectAgent(tr, s.img, s.sock)
 	if err != nil {
 		if uid, ok := fsUID(pid); ok && uid != 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
-			// Its userfaultfd is made by a call in it, with its credentials.
-			return fmt.Errorf("%w (it runs as user %d, which may not make one)", err, uid)
+			// Its userfaultfd is made by a call in it, with its credentials. (An image with the
+			// shim is served as that user: asuser.go.)
+			return fmt.Errorf("%w (it runs as user %d without farmem's shim: an image farmem enters from outside makes its "+
+				"userfaultfd and mapping filter itself, which that user may not)", err, uid)
 		}
 		return err
 	}

@@ -84,6 +84,10 @@ func Run(o Options) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
+	// Readable by anyone: a process of the run that switched users loads the shim too (asuser.go).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return 0, err
+	}
 	shim := filepath.Join(dir, "libfarmem.so")
 	if err := os.WriteFile(shim, shimSO, 0o555); err != nil {
 		return 0, fmt.Errorf("writing the preload shim: %w", err)
@@ -403,6 +407,17 @@ func acceptLoop(ln *net.UnixListener, rt *runtime.Runtime, agents *staticAgents)
 // or an agent connection (AGENT_HELLO, then eviction requests we send).
 func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 	m, fd, lifeline, err := c.recvLifeline()
+	if err == nil && m.Type == msgUffdDev {
+		// A process that may not open /dev/userfaultfd asks for it before its HELLO.
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		if sendUffdDev(c, rt, int(m.Pid)) != nil {
+			c.c.Close()
+			return
+		}
+		m, fd, lifeline, err = c.recvLifeline()
+	}
 	if lifeline >= 0 {
 		// The write end of the process's lifeline pipe (shim.c, make_lifeline): held, never
 		// written, until the process's control connection ends (it exited or exec'd) or
@@ -449,16 +464,34 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 	defer c.c.Close()
 	var p *runtime.Process
 	keep := -1
+	if fd >= 0 && m.C&helloAPILeft != 0 {
+		err = handshakeFor(fd)
+	}
 	switch {
 	case fd < 0:
 		err = errors.New("hello without a userfaultfd")
+	case err != nil:
+		unix.Close(fd)
 	case m.C&helloForkChild != 0:
+		parent := rt.Lookup(int(m.A))
 		p, err = rt.AttachForked(int(m.Pid), int(m.A), fd, m.C&^(pageSize-1))
 		if err == nil && p.UFFD() != fd {
 			keep = p.UFFD() // served on the uffd of its FORK event: the shim keeps a copy of it
 		}
+		if err == nil {
+			p.InheritFilter(parent)
+		}
 	default:
+		// Whose mapping filter it has, if any: the image it replaced, or, for a child that exec'd
+		// with no hello of its own (vfork, posix_spawn), its parent.
+		from := rt.Lookup(int(m.Pid))
+		if from == nil {
+			from = rt.Lookup(int(m.A))
+		}
 		p, err = rt.Attach(int(m.Pid), fd)
+		if err == nil {
+			p.InheritFilter(from)
+		}
 	}
 	status := uint64(0)
 	if err != nil {

@@ -32,8 +32,10 @@ const (
 	msgStagingOK   = 16
 	msgDetach      = 17
 	msgDetachOK    = 18
+	msgUffdDev     = 19
+	msgUffdDevOK   = 20
 
-	protoVersion = 5
+	protoVersion = 6
 	msgSize      = 40
 	maxRuns      = 128
 	maxMovePages = 256 // pages one MOVE message may cover (shim.c's status buffer)
@@ -43,6 +45,10 @@ const (
 // A HELLO's C: 0 for a process farmem started or entered; for a fork child, helloForkChild or'd
 // with the address of its fork probe page, or 0 if it made none (runtime.AttachForked).
 const helloForkChild = 1
+
+// helloAPILeft, or'd into a HELLO's C: the uffd it carries has had no UFFDIO_API, which the process
+// may not make with fork events (it runs as another user); farmem makes it (asuser.go).
+const helloAPILeft = 2
 
 type msg struct {
 	Type, Version uint32

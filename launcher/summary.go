@@ -60,6 +60,10 @@ type Summary struct {
 	// UnservedImages: images processes of the run exec'd that did not load the shim (a static
 	// binary, LD_PRELOAD dropped) and that farmem could not enter: they ran without farmem.
 	UnservedImages int64 `json:"unserved_images"`
+	// UnfilteredProcesses: processes served without the mapping filter, which they could not
+	// install (running as another user, they may not) and did not inherit: the mappings glibc
+	// made in them internally were found by polling.
+	UnfilteredProcesses int64 `json:"unfiltered_processes"`
 	// EnteredImages: images processes of the run exec'd that did not load the shim, which
 	// farmem entered by injection, as it enters a static program, and served from then on.
 	EnteredImages int64 `json:"entered_images"`
@@ -157,8 +161,9 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		Batches: Batches{Count: e.Batches.Load(), Runs: e.Runs.Load(), Staged: e.Staged.Load(), Removes: e.Removes.Load(),
 			Aborted: e.Aborted.Load(), StageNs: map[string]int64{}, Latency: histogram(&e.Batch)},
 		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(), OverCapFaults: s.OverCapFaults.Load(), UnservedImages: s.Unserved.Load(),
-		EnteredImages:    s.Entered.Load(),
-		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
+		UnfilteredProcesses: s.Unfiltered.Load(),
+		EnteredImages:       s.Entered.Load(),
+		BackendPeakPages:    e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
 		BytesIn: rt.BytesIn(), BytesOut: rt.BytesOut(), PeakAnonBytes: s.PeakAnonPages.Load() * runtime.PageSize,
 		Processes: s.Processes.Load(),
 	}
@@ -254,6 +259,13 @@ func summaryLines(s *Summary) []string {
 		line("an image the program exec'd ran without farmem (named above), its memory not capped")
 	case s.UnservedImages > 1:
 		line("%s images the program exec'd ran without farmem (named above), their memory not capped", count(s.UnservedImages))
+	}
+	switch {
+	case s.UnfilteredProcesses == 1:
+		line("a process was served without the mapping filter (named above): what glibc mapped in it internally was found by polling, and may have passed the cap until it was")
+	case s.UnfilteredProcesses > 1:
+		line("%s processes were served without the mapping filter (the first named above): what glibc mapped in them internally was found by polling, and may have passed the cap until it was",
+			count(s.UnfilteredProcesses))
 	}
 	if s.OverCapFaults > 0 {
 		line("%s faults went in over the cap: the evictor found nothing it could take (the memory over the cap was in processes not yet set up for eviction, or not tracked)",

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -58,15 +60,20 @@ func (rt *Runtime) filterMappings(p *Process) {
 	// (serveFork): one notification each, and clone3 fails with ENOSYS, as under docker's
 	// default filter (libcs fall back to clone).
 	fd, err := a.Filter(rt.cfg.MinRegister, true)
-	if errors.Is(err, unix.EBUSY) {
-		err = nil // a filter inherited from a parent has a listener already: ours, serving it
+	if errors.Is(err, unix.EBUSY) || err != nil && p.filterInherited.Load() {
+		// A filter inherited from a parent has a listener already: ours, serving it. A process
+		// that may not install one (it runs as another user) is EACCES even so.
+		err = nil
 		fd = -1
 	}
 	p.filterErr = err
 	close(p.filterDone)
 	if err != nil {
+		if p.forks.Load() == nil {
+			rt.Stats.Unfiltered.Add(1) // a process with a fork server is not served without
+		}
 		if p.forks.Load() == nil && rt.filterFailed.CompareAndSwap(false, true) {
-			fmt.Fprintf(os.Stderr, "farmem: cannot install the mapping filter (%v): glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", err)
+			fmt.Fprintf(os.Stderr, "farmem: %s: glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", filterRefusal(p.Pid(), err))
 		}
 		return
 	}
@@ -79,6 +86,25 @@ func (rt *Runtime) filterMappings(p *Process) {
 		defer unix.Close(fd)
 		rt.serveNotifications(fd)
 	}()
+}
+
+// InheritFilter records that p came with from's mapping filter (from: the image p replaced with
+// an exec, or the parent p forked from), if from has one of farmem's: filters are kept across
+// exec and fork, and served on the listener of the process that installed it.
+func (p *Process) InheritFilter(from *Process) {
+	switch {
+	case from == nil:
+	case from.filterInherited.Load():
+		p.filterInherited.Store(true) // a fork child that exec'd before its agent said hello, say
+	case from.filtered.Load():
+		select {
+		case <-from.filterDone:
+			if from.filterErr == nil {
+				p.filterInherited.Store(true)
+			}
+		default: // being installed as it exec'd or forked: not known
+		}
+	}
 }
 
 // ForkServer enters a fork child of a process that cannot do it itself: tid is the thread about
@@ -264,4 +290,33 @@ func (rt *Runtime) lookupThread(tid int) *Process {
 		return nil
 	}
 	return rt.Lookup(tgid)
+}
+
+// filterRefusal says why process pid's agent could not install the mapping filter. A process
+// running as another user than root may not without no_new_privs, which farmem does not set: it
+// would change what the program's own exec of a setuid binary does.
+func filterRefusal(pid int, err error) string {
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		if uid, ok := effectiveUID(pid); ok && uid != 0 {
+			return fmt.Sprintf("process %d runs as user %d, which may not install the mapping filter without no_new_privs (farmem does not set it): it is served without the filter", pid, uid)
+		}
+	}
+	return fmt.Sprintf("cannot install the mapping filter (%v)", err)
+}
+
+// effectiveUID returns process pid's effective user id (the second of /proc/PID/status's Uid).
+func effectiveUID(pid int) (int, bool) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			if f := strings.Fields(v); len(f) >= 2 {
+				uid, err := strconv.Atoi(f[1])
+				return uid, err == nil
+			}
+		}
+	}
+	return 0, false
 }

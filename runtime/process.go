@@ -52,6 +52,9 @@ type Process struct {
 	// written before.
 	filterDone chan struct{}
 	filterErr  error
+	// filterInherited: the process came with the mapping filter of the image it replaced or of
+	// the parent it forked from (InheritFilter), served on that one's listener.
+	filterInherited atomic.Bool
 	// forks, if set, enters the process's fork children (mapfilter.go, serveFork): nothing in
 	// the process does (a static program has no shim to say the child's hello).
 	forks    atomic.Pointer[ForkServer]

@@ -81,6 +81,9 @@ type Stats struct {
 	// Unserved is the images processes of the run exec'd that never said hello and could not be
 	// entered (ControlEnded): they ran without farmem.
 	Unserved atomic.Int64
+	// Unfiltered is the processes served without the mapping filter, which their agent could
+	// not install (one running as another user may not: mapfilter.go) and did not inherit.
+	Unfiltered atomic.Int64
 	// Entered is the images processes of the run exec'd that did not load the shim and that
 	// farmem entered by injection (ControlEnded, Config.Images): served from then on.
 	Entered atomic.Int64

@@ -60,7 +60,9 @@ func startAttacheeCmd(t *testing.T, cmd *exec.Cmd) *attachee {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.cmd.Stderr = os.Stderr
+	if a.cmd.Stderr == nil {
+		a.cmd.Stderr = os.Stderr
+	}
 	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,9 @@ enum {
 	MSG_DETACH = 17,      /* rt->agent: farmem lets the process go (farmem attach): unmap the staging
 			       * area, close every descriptor of farmem's, answer, and end the thread */
 	MSG_DETACH_OK = 18,   /* agent->rt: done; the thread exits right after */
-	PROTO_VERSION = 5,
+	MSG_UFFD_DEV = 19,    /* shim->rt, before HELLO: send a /dev/userfaultfd descriptor (new_uffd) */
+	MSG_UFFD_DEV_OK = 20, /* rt->shim: a=status (0 ok, else errno); the descriptor attached */
+	PROTO_VERSION = 6,
 	MAX_RUNS = 128,
 	MAX_MOVE_PAGES = 256,
 };
@@ -279,9 +281,18 @@ static void drop_runs(struct fm_run *runs, int n, int *err)
 	}
 }
 
+/* uffd_dev: a /dev/userfaultfd descriptor farmem sent (ask_uffd_dev), for a process that may
+ * open neither the device nor a uffd handling kernel-mode faults by the system call: one running
+ * as another user than root (vm.unprivileged_userfaultfd=0 leaves it UFFD_USER_MODE_ONLY, under
+ * which a read(2) into an evicted page fails with EFAULT). The device checks permission only at
+ * open (probes/uffdasuser.c). Kept for the image's life, close-on-exec: its staging area's and
+ * fork probes' uffds, and a fork child's, are made on it too. -1: none. */
+static int uffd_dev = -1;
+
 /* open_uffd returns a new userfaultfd (before its UFFDIO_API), or -errno. */
 static int open_uffd(void)
 {
+	if (uffd_dev >= 0) return raw6(SYS_ioctl, uffd_dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0);
 	int dev = raw6(SYS_open, (long)"/dev/userfaultfd", O_RDWR | O_CLOEXEC, 0, 0, 0, 0);
 	int fd = dev >= 0 ? raw6(SYS_ioctl, dev, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK, 0, 0, 0)
 			  : raw6(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK, 0, 0, 0, 0, 0);
@@ -474,6 +485,8 @@ static int make_lifeline(void)
 /* A HELLO's c: 0 for a process farmem started or entered; for a fork child, FORK_CHILD, or'd with
  * the address of its fork probe (make_fork_probe), if it made one. */
 #define FORK_CHILD 1ULL
+/* Or'd into a HELLO's c: the uffd has had no UFFDIO_API; farmem makes it (new_uffd). */
+#define API_LEFT 2ULL
 
 static int hello(uint64_t fork_child, uint64_t features)
 {
@@ -495,16 +508,40 @@ static int hello(uint64_t fork_child, uint64_t features)
 	return 0;
 }
 
-/* new_uffd creates this process's userfaultfd with the features the runtime relies on. */
-static int new_uffd(uint64_t *features)
+/* ask_uffd_dev has farmem send a /dev/userfaultfd descriptor on the control connection and keeps
+ * it in uffd_dev; 0, or -1. */
+static int ask_uffd_dev(void)
+{
+	struct fm_msg m = { .type = MSG_UFFD_DEV, .version = PROTO_VERSION, .pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0) };
+	int fd = -1;
+	if (ctl < 0 || send_msg(ctl, &m, sizeof m, -1) < 0) return -1;
+	if (recv_msg(ctl, &m, sizeof m, &fd) != sizeof m || m.type != MSG_UFFD_DEV_OK || m.a || fd < 0) {
+		if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+		if (m.type == MSG_UFFD_DEV_OK && m.a == EPERM) say("farmem refused this process a userfaultfd: it is not one of the run's");
+		return -1;
+	}
+	uffd_dev = fd;
+	return 0;
+}
+
+/* new_uffd creates this process's userfaultfd with the features the runtime relies on, and says
+ * in *api_left whether farmem must make its UFFDIO_API instead: EVENT_FORK needs CAP_SYS_PTRACE
+ * of the task making that call, which a process running as another user has not, while farmem,
+ * root, may make it on this uffd once it holds it (probes/uffdasuser.c). Without fork events a
+ * fork child would read evicted pages as zeros. Such a process may not open /dev/userfaultfd
+ * either: farmem sends it a descriptor of its own (ask_uffd_dev). */
+static int new_uffd(uint64_t *features, int *api_left)
 {
 	int fd = open_uffd();
+	if ((fd == -EACCES || fd == -EPERM) && ask_uffd_dev() == 0) fd = open_uffd();
 	if (fd < 0) { say("cannot create a userfaultfd (need root or access to /dev/userfaultfd)"); return -1; }
 	struct uffdio_api api = { .api = UFFD_API,
 		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
 			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
-	if (raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0) < 0) { say("UFFDIO_API refused the features farmem needs"); return -1; }
-	*features = api.features;
+	long r = raw6(SYS_ioctl, fd, UFFDIO_API, (long)&api, 0, 0, 0);
+	*api_left = r == -EPERM;
+	if (r < 0 && !*api_left) { say("UFFDIO_API refused the features farmem needs"); return -1; }
+	*features = *api_left ? 0 : api.features;
 	return fd;
 }
 
@@ -566,11 +603,12 @@ static void fork_child_hello(const char *sock)
 	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
 	drop_pidfd = -1;
 	uint64_t features = 0;
+	int api_left = 0;
 	ctl = connect_path(sock);
-	ufd = new_uffd(&features);
+	ufd = new_uffd(&features, &api_left);
 	int probe_ufd = -1;
 	uint64_t probe = make_fork_probe(&probe_ufd);
-	int ok = ctl >= 0 && ufd >= 0 && hello(FORK_CHILD | probe, features) == 0;
+	int ok = ctl >= 0 && ufd >= 0 && hello(FORK_CHILD | probe | (api_left ? API_LEFT : 0), features) == 0;
 	if (probe) {
 		close_fd(&probe_ufd); /* unregisters the page, so its unmap raises no event */
 		exempt6(SYS_munmap, probe, FM_PAGE, 0, 0, 0, 0);
@@ -582,7 +620,8 @@ static void fork_child_hello(const char *sock)
  * detach): the staging area (empty: no batch runs once farmem detaches) and its uffd, the drop
  * pidfd, the lifeline's read end (before farmem closes the write end, whose close would otherwise
  * kill the process), the process's copy of its uffd (farmem keeps its own until it has
- * unregistered every range) and the control connection. */
+ * unregistered every range), farmem's /dev/userfaultfd, if it was sent one, and the control
+ * connection. */
 static void detach_agent(void)
 {
 	if (stage_addr) exempt6(SYS_munmap, stage_addr, stage_len, 0, 0, 0, 0);
@@ -596,6 +635,7 @@ static void detach_agent(void)
 	if (lifeline >= 0) raw6(SYS_fcntl, lifeline, F_SETFL, O_NONBLOCK, 0, 0, 0);
 	close_fd(&lifeline);
 	close_fd(&ufd);
+	close_fd(&uffd_dev);
 	close_fd(&ctl);
 }
 

@@ -118,8 +118,9 @@ static void init(void)
 	ctl = connect_rt();
 	if (ctl < 0) { say("cannot reach the farmem runtime (FARMEM_SOCK)"); die_runtime_lost(); }
 	uint64_t features;
-	if ((ufd = new_uffd(&features)) < 0) die_runtime_lost();
-	if (hello(0, features) < 0) { say("handshake with the farmem runtime failed"); die_runtime_lost(); }
+	int api_left;
+	if ((ufd = new_uffd(&features, &api_left)) < 0) die_runtime_lost();
+	if (hello(api_left ? API_LEFT : 0, features) < 0) { say("handshake with the farmem runtime failed"); die_runtime_lost(); }
 	/* The agent thread is started from the constructor, not here: init may run inside the
 	 * allocator's own first mmap (jemalloc), where pthread_create's allocation would deadlock
 	 * on the allocator's init lock. */

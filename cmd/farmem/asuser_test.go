@@ -1,0 +1,263 @@
+package main
+
+// End-to-end tests of a program of the run that runs as another user than root (runuser drops
+// to nobody and exec's it): farmem serves it as it serves a root one, doing for it what the user
+// may not (launcher/asuser.go), with no capability given to the program.
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// nobodyDir returns a new directory that user nobody may read and run programs from (a test's
+// TempDir is its owner's alone).
+func nobodyDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "farmem-asuser-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// The attachee, run as nobody under a cap well below its data, with a thread that forks children
+// which verify every 8th page and rewrite some: every page verifies after heavy eviction, in the
+// program and in its fork children; the run stays within the cap; and the program is served, not
+// counted unserved. Armed mid-run, after the program switched users, it has no mapping filter
+// (it may not install one), which farmem says; armed from the start, it keeps the one farmem
+// installed in runuser, which it inherited.
+func TestAsUserServed(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	bin := filepath.Join(dir, "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	for _, c := range []struct {
+		name            string
+		capMiB, dataMiB int
+		inherited       bool
+	}{
+		{"ArmedMidRun", 64, 160, false},
+		{"ArmedFromStart", 32, 96, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sum := filepath.Join(dir, c.name+".json")
+			cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", c.capMiB), "--summary-json", sum, "--",
+				runuser, "-u", "nobody", "--", "/bin/sh", "-c", `[ "$(id -u)" = 65534 ] && exec "$0" "$1" 1`, bin, fmt.Sprint(c.dataMiB))
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			a := startAttacheeCmd(t, cmd)
+			rss := sampleRSS(cmd.Process.Pid)
+			forks := 0
+			for i := 0; i < 20 && forks < 3; i++ {
+				var bad int
+				if _, forks, bad = a.check(t); bad != 0 {
+					t.Fatalf("%d fork children of the program found a page not their own", bad)
+				}
+			}
+			fmt.Fprintln(a.in, "exit")
+			if err := a.cmd.Wait(); err != nil {
+				t.Fatalf("farmem run: %v\n%s", err, stderr.String())
+			}
+			peaks := rss.finish()
+			t.Logf("%s", stderr.String())
+			if forks < 1 {
+				t.Errorf("the program's forking thread finished no fork")
+			}
+			s := readSummary(t, sum)
+			if s.UnservedImages != 0 {
+				t.Errorf("summary: unserved_images %d, want 0", s.UnservedImages)
+			}
+			// runuser, its child (which exec's sh, then the program), id, and the program's fork
+			// children.
+			if s.Processes < 4 {
+				t.Errorf("farmem served %d processes: the program or its fork children were not served", s.Processes)
+			}
+			if s.Evicted.Written == 0 || s.Faults["backend"].Count == 0 {
+				t.Errorf("the program was never paged: %d pages written out, %d read back", s.Evicted.Written, s.Faults["backend"].Count)
+			}
+			// Its staging area's uffd, which the agent moves victims into, is made on farmem's
+			// device too.
+			if s.Batches.Staged == 0 {
+				t.Errorf("no batch moved a page into the program's staging area")
+			}
+			if unfiltered := s.UnfilteredProcesses > 0; unfiltered == c.inherited {
+				t.Errorf("summary: unfiltered_processes %d, want %s", s.UnfilteredProcesses, map[bool]string{true: "0", false: "some"}[c.inherited])
+			}
+			said := strings.Contains(stderr.String(), "runs as user 65534, which may not install the mapping filter without no_new_privs (farmem does not set it): it is served without the filter")
+			if said == c.inherited {
+				t.Errorf("farmem said the program, as nobody, is served without the mapping filter: %v; want %v", said, !c.inherited)
+			}
+			// The cap holds from the arming on: a run that armed far past its threshold (its
+			// arming was late, on a loaded machine, while the program filled its data at full
+			// speed) says nothing about serving this user.
+			if late := s.ArmedAtBytes - s.ArmThresholdBytes; !c.inherited && late > 16<<20 {
+				t.Logf("the run armed %d MiB past its threshold: the cap is not checked", late>>20)
+				return
+			}
+			checkCap(t, s, peaks, int64(c.capMiB)<<20)
+		})
+	}
+}
+
+// A program running as nobody that exec's a setuid-root binary: the new image, in secure
+// execution, ignores the shim and is entered as farmem enters any such image (root again, it may
+// have its uffd and filter); its data and its fork children's verify, within the cap.
+func TestAsUserExecsSetuid(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	bin := filepath.Join(dir, "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	if err := os.Chmod(bin, os.ModeSetuid|0o755); err != nil {
+		t.Fatal(err)
+	}
+	sum := filepath.Join(dir, "summary.json")
+	const capMiB = 32
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--summary-json", sum, "--",
+		runuser, "-u", "nobody", "--", "/bin/sh", "-c", `[ "$(id -u)" = 65534 ] && exec "$0" 96 1`, bin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	a := startAttacheeCmd(t, cmd)
+	rss := sampleRSS(cmd.Process.Pid)
+	forks := 0
+	for i := 0; i < 20 && forks < 3; i++ {
+		var bad int
+		if _, forks, bad = a.check(t); bad != 0 {
+			t.Fatalf("%d fork children of the program found a page not their own", bad)
+		}
+	}
+	fmt.Fprintln(a.in, "exit")
+	if err := a.cmd.Wait(); err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, stderr.String())
+	}
+	peaks := rss.finish()
+	t.Logf("%s", stderr.String())
+	if forks < 1 {
+		t.Errorf("the program's forking thread finished no fork")
+	}
+	s := readSummary(t, sum)
+	checkEntered(t, s)
+	checkCap(t, s, peaks, capMiB<<20)
+}
+
+// A process outside the run, as nobody, that names the run's shim and socket (their names are
+// readable by anyone: the socket's in /proc/net/unix) is refused the /dev/userfaultfd farmem
+// would hand a process of the run: farmem says so, and the process's shim stops it rather than
+// let it run half served. The run goes on unharmed.
+func TestAsUserOutsiderRefused(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", "/bin/sh", "-c",
+		`echo "$LD_PRELOAD" "$FARMEM_SOCK"; read x; echo still here`)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() {
+		t.Fatalf("the program said nothing: %s", stderr.String())
+	}
+	names := strings.Fields(lines.Text())
+	if len(names) != 2 {
+		t.Fatalf("the program printed %q, not its LD_PRELOAD and FARMEM_SOCK", lines.Text())
+	}
+	outsider := exec.Command(runuser, "-u", "nobody", "--", "/usr/bin/env", "LD_PRELOAD="+names[0], "FARMEM_SOCK="+names[1], "/bin/true")
+	b, err := outsider.CombinedOutput()
+	// runuser waits for its child and exits 128+9 for its SIGKILL.
+	if ws, ok := outsider.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.ExitStatus() != 128+int(syscall.SIGKILL) {
+		t.Errorf("the outsider ended with %v, not killed by its shim:\n%s", err, b)
+	}
+	if !strings.Contains(string(b), "farmem shim: farmem refused this process a userfaultfd: it is not one of the run's") {
+		t.Errorf("the outsider's shim did not say why it stopped it:\n%s", b)
+	}
+	fmt.Fprintln(in, "go on")
+	if !lines.Scan() || lines.Text() != "still here" {
+		t.Errorf("the run's program did not go on")
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("farmem run: %v", err)
+	}
+	if !strings.Contains(stderr.String(), "(user 65534), which is not one of the run's, asked for a userfaultfd: refused") {
+		t.Errorf("farmem did not name the refused outsider:\n%s", stderr.String())
+	}
+}
+
+// A static program run as nobody has no shim, and farmem, which enters such an image from
+// outside, cannot make its userfaultfd and filter as that user: it runs on without farmem,
+// right, named on stderr with the reason and counted unserved.
+func TestAsUserStaticNamed(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	prog := filepath.Join(nobodyDir(t), "staticfill-go")
+	if b, err := exec.Command("cp", staticGo(t), prog).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, b)
+	}
+	want := native(t, prog, "64", "100")
+	out, s, _, err := runSampled(t, "run", "--local-mem", "32MiB", "--", runuser, "-u", "nobody", "--", prog, "64", "100")
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if got := digestLine(t, out); got != want {
+		t.Errorf("as nobody under farmem the program printed\n%s\nnatively\n%s", got, want)
+	}
+	if !strings.Contains(out, "(it runs as user 65534 without farmem's shim: an image farmem enters from outside makes its userfaultfd and mapping filter itself, which that user may not)): it runs without farmem") {
+		t.Errorf("farmem did not name the unserved image and why")
+	}
+	if s.UnservedImages != 1 || s.EnteredImages != 0 {
+		t.Errorf("summary: unserved_images %d, entered_images %d, want 1 and 0", s.UnservedImages, s.EnteredImages)
+	}
+}
+
+// If farmem dies while a program running as nobody pages (and forks), every process of it dies
+// too, through the lifeline each made as that user, and none reads a page that is not its own.
+func TestAsUserFarmemKilled(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	bin := filepath.Join(dir, "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", runuser, "-u", "nobody", "--", bin, "96", "1")
+	a := startAttacheeCmd(t, cmd)
+	if _, _, bad := a.check(t); bad != 0 {
+		t.Fatalf("%d fork children found a page not their own", bad)
+	}
+	fmt.Fprintln(a.in, "check") // in flight, faulting its pages back, as farmem dies
+	tree := descendants(cmd.Process.Pid)
+	cmd.Process.Kill()
+	for l := range a.lines {
+		if strings.HasPrefix(l, "BAD") {
+			t.Errorf("the program read a page not its own after farmem died: %s", l)
+		}
+	}
+	for _, pid := range tree {
+		if !exitsWithin(pid, 10*time.Second) {
+			wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("process %d of the program's tree still there 10 s after farmem (waiting in %s)", pid, wchan)
+		}
+	}
+}
