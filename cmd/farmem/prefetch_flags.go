@@ -27,7 +27,7 @@ const (
 // prefetchFlags are farmem run's prefetcher settings.
 func prefetchFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "prefetch", Value: runDefaultPrefetch, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
+		&cli.StringFlag{Name: "prefetch", Value: runDefaultPrefetch, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), streams (leap, and sequential walks followed among\n\trandom faults), readahead (Linux's swap read-ahead), stride, nextn, or none. farmem sim compares them on a trace recorded with --record-faults"},
 		&cli.StringFlag{Name: "record-faults", Usage: "write every fault served to FILE (time, pid, page, kind, source) for farmem sim. It implies\n\t--prefetch none unless --prefetch is given: a prefetcher's right guesses never fault, so the\n\ttrace would miss them", TakesFile: true},
 		&cli.IntFlag{Name: "prefetch-history", Value: prefetch.DefaultHistory, Usage: "leap: page deltas kept and voted over"},
 		&cli.IntFlag{Name: "prefetch-max", Value: runDefaultPrefetchMax, Usage: fmt.Sprintf("most pages prefetched for one fault (1 to %d)", fetcher.MaxPrefetchBatch)},

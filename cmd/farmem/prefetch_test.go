@@ -16,7 +16,7 @@ import (
 // holds as for demand faults (prefetch fills only the room below the evictor's high water).
 // Cache mode serves faults from copies read ahead: the same torture catches a stale one.
 func TestPrefetchersKeepDataIntact(t *testing.T) {
-	for _, pf := range []string{"leap", "readahead", "stride", "nextn", "leap/cache"} {
+	for _, pf := range []string{"leap", "streams", "readahead", "stride", "nextn", "leap/cache"} {
 		t.Run(pf, func(t *testing.T) {
 			name, mode, _ := strings.Cut(pf, "/")
 			if mode == "" {
