@@ -14,9 +14,9 @@ import (
 // farmem run's prefetching defaults, chosen by the side-by-side benchmarks. Leap in map mode was
 // the only prefetcher never clearly slower than none on any workload (results/prefetch.md, "The
 // default": nextn was up to 4x slower on redis, stride and readahead lost on pagerank). streams
-// answers as leap does and adds the walks leap's vote misses among random faults: it took
-// 0.69-1.0x leap's backend faults on every workload measured, the JVMs and node included, for
-// the same throughput within the noise (results/prefetch-streams/swap.md,
+// answers as leap does and adds the walks leap's vote misses among random faults: the medians
+// of its backend faults were 0.69-1.02x leap's on every workload measured, the JVMs and node
+// included, for the same throughput within the noise (results/prefetch-streams/swap.md,
 // results/runtimes/why.md). A
 // window of up to 32 pages rather than the paper's 8 cut a sequential or strided stream's
 // remaining misses further (in map mode every miss is a uffd round trip plus a fetch, and a
