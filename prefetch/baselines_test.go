@@ -228,7 +228,7 @@ func TestConfigValidation(t *testing.T) {
 		{Config{}, ""},
 		{Config{Name: "readahead", History: 64, Split: 8, Max: 32}, ""},
 		{Config{Name: "leap", History: 2, Split: 2, Max: 1}, ""},
-		{Config{Name: "majority"}, `unknown prefetcher "majority": choose one of leap, readahead, stride, nextn, none`},
+		{Config{Name: "majority"}, `unknown prefetcher "majority": choose one of leap, streams, readahead, stride, nextn, none`},
 		{Config{Name: "Leap"}, "unknown prefetcher"},
 		{Config{History: 1}, "prefetch history 1: give 2 to 4096"},
 		{Config{History: -5}, "prefetch history -5"},

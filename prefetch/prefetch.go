@@ -39,6 +39,13 @@
 // Linux's swap read-ahead heuristic and falls back to Linux's aligned cluster when no trend
 // is found; like the paper, we use the window rules above and the previous trend instead.
 //
+// # Leap beside a table of walks ("streams")
+//
+// "streams" answers as Leap does and adds the pages after a miss that continues one of the
+// process's last few sequential walks (streams.go): a collector that allocates or copies in
+// order while the program reads its heap at random interleaves the two in one fault stream,
+// where Leap's vote finds no trend.
+//
 // # Baselines
 //
 // The same interface offers the baselines Leap is compared with:
@@ -131,7 +138,7 @@ type Config struct {
 
 // Names lists the prefetchers New knows, the default first.
 func Names() []string {
-	return []string{NameLeap, NameReadahead, NameStride, NameNextN, NameNone}
+	return []string{NameLeap, NameStreams, NameReadahead, NameStride, NameNextN, NameNone}
 }
 
 // WithDefaults returns c with its zero fields set to their defaults.
@@ -180,6 +187,8 @@ func New(c Config) (Prefetcher, error) {
 	switch c.Name {
 	case NameLeap:
 		return newLeap(c.History, c.Split, c.Max), nil
+	case NameStreams:
+		return newStreams(c.History, c.Split, c.Max), nil
 	case NameReadahead:
 		return newReadahead(c.Max), nil
 	case NameStride:

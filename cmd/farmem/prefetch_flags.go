@@ -11,23 +11,27 @@ import (
 	"github.com/farmem/farmem/prefetch"
 )
 
-// farmem run's prefetching defaults, chosen by the side-by-side benchmark (results/prefetch.md,
-// "The default"): leap in map mode was the only prefetcher never clearly slower than none on any
-// workload (nextn was up to 4x slower on redis, stride and readahead lost on pagerank), and a
+// farmem run's prefetching defaults, chosen by the side-by-side benchmarks. Leap in map mode was
+// the only prefetcher never clearly slower than none on any workload (results/prefetch.md, "The
+// default": nextn was up to 4x slower on redis, stride and readahead lost on pagerank). streams
+// answers as leap does and adds the walks leap's vote misses among random faults: the medians
+// of its backend faults were 0.69-1.02x leap's on every workload measured, the JVMs and node
+// included, for the same throughput within the noise (results/prefetch-streams/swap.md,
+// results/runtimes/why.md). A
 // window of up to 32 pages rather than the paper's 8 cut a sequential or strided stream's
 // remaining misses further (in map mode every miss is a uffd round trip plus a fetch, and a
 // stream pays one miss per window) at no cost on random and redis's faults. The package's own
 // default (prefetch.DefaultMax: 8) stays the paper's: farmem sim scores cache mode with it, as
 // Leap did, and map mode with this one, as farmem run does, unless told --prefetch-max.
 const (
-	runDefaultPrefetch    = prefetch.NameLeap
+	runDefaultPrefetch    = prefetch.NameStreams
 	runDefaultPrefetchMax = 32
 )
 
 // prefetchFlags are farmem run's prefetcher settings.
 func prefetchFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "prefetch", Value: runDefaultPrefetch, Usage: "which evicted pages to bring back before they are touched: leap (the majority trend\n\tof the recent page deltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or\n\tnone. farmem sim compares them on a trace recorded with --record-faults"},
+		&cli.StringFlag{Name: "prefetch", Value: runDefaultPrefetch, Usage: "which evicted pages to bring back before they are touched: streams (leap, and the\n\tsequential walks it misses among random faults), leap (the majority trend of the recent page\n\tdeltas, as in Leap), readahead (Linux's swap read-ahead), stride, nextn, or none. farmem sim compares them on a trace recorded with --record-faults"},
 		&cli.StringFlag{Name: "record-faults", Usage: "write every fault served to FILE (time, pid, page, kind, source) for farmem sim. It implies\n\t--prefetch none unless --prefetch is given: a prefetcher's right guesses never fault, so the\n\ttrace would miss them", TakesFile: true},
 		&cli.IntFlag{Name: "prefetch-history", Value: prefetch.DefaultHistory, Usage: "leap: page deltas kept and voted over"},
 		&cli.IntFlag{Name: "prefetch-max", Value: runDefaultPrefetchMax, Usage: fmt.Sprintf("most pages prefetched for one fault (1 to %d)", fetcher.MaxPrefetchBatch)},

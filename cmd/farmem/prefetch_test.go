@@ -16,7 +16,7 @@ import (
 // holds as for demand faults (prefetch fills only the room below the evictor's high water).
 // Cache mode serves faults from copies read ahead: the same torture catches a stale one.
 func TestPrefetchersKeepDataIntact(t *testing.T) {
-	for _, pf := range []string{"leap", "readahead", "stride", "nextn", "leap/cache"} {
+	for _, pf := range []string{"leap", "streams", "readahead", "stride", "nextn", "leap/cache"} {
 		t.Run(pf, func(t *testing.T) {
 			name, mode, _ := strings.Cut(pf, "/")
 			if mode == "" {
@@ -46,7 +46,7 @@ func backendFaults(s *launcher.Summary) int { return int(s.Faults["backend"].Cou
 // arrive (prefetch only fills the room below the high watermark), and so on scheduling: with
 // both CPUs loaded by other work, leap/map once took 52 % of none's backend faults (17241 of
 // 32838). The bound is 3/4: a prefetcher that did nothing, or whose pages were all dropped,
-// takes as many as none. With no prefetch flag, farmem run prefetches with leap in map mode.
+// takes as many as none. With no prefetch flag, farmem run prefetches with streams in map mode.
 func TestLeapPrefetchSavesFaults(t *testing.T) {
 	faults := map[string]int{}
 	for _, pf := range []string{"none", "leap/map", "leap/cache", "default"} {
@@ -63,8 +63,8 @@ func TestLeapPrefetchSavesFaults(t *testing.T) {
 		if err != nil || !strings.Contains(out, "micro: OK bad=0") {
 			t.Fatalf("micro under farmem --prefetch %s: %v", pf, err)
 		}
-		if p := s.Prefetch; pf == "default" && (p == nil || p.Name != "leap" || p.Mode != "map") {
-			t.Fatalf("farmem run with no prefetch flag did not prefetch with leap in map mode: %+v", p)
+		if p := s.Prefetch; pf == "default" && (p == nil || p.Name != "streams" || p.Mode != "map") {
+			t.Fatalf("farmem run with no prefetch flag did not prefetch with streams in map mode: %+v", p)
 		}
 		faults[pf] = backendFaults(s)
 		if hit := s.Faults["cache"].Count > 0; hit != (mode == "cache") {

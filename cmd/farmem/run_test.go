@@ -566,7 +566,7 @@ func TestBadInput(t *testing.T) {
 		{"missing interpreter", []string{"run", "--local-mem", "64MiB", "--", noInterp}, 126, `interpreter "/nonexistent/farmem-shell" cannot be read`},
 		{"neither ELF nor script", []string{"run", "--local-mem", "64MiB", "--", text}, 126, "neither an ELF executable nor a #! script"},
 		{"unknown codec", append([]string{"run", "--local-mem", "64MiB", "--compress", "lzma", "--"}, touch...), 125, `unknown codec "lzma" (valid: none, lz4, zstd)`},
-		{"unknown prefetcher", append([]string{"run", "--local-mem", "64MiB", "--prefetch", "oracle", "--"}, touch...), 125, `unknown prefetcher "oracle": choose one of leap, readahead, stride, nextn, none`},
+		{"unknown prefetcher", append([]string{"run", "--local-mem", "64MiB", "--prefetch", "oracle", "--"}, touch...), 125, `unknown prefetcher "oracle": choose one of leap, streams, readahead, stride, nextn, none`},
 		{"prefetch max 0", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "0", "--"}, touch...), 125, "--prefetch-max 0: give 1 to 32 pages"},
 		{"prefetch max too big", append([]string{"run", "--local-mem", "64MiB", "--prefetch-max", "64", "--"}, touch...), 125, "--prefetch-max 64: give 1 to 32 pages"},
 		{"evict heat too big", append([]string{"run", "--local-mem", "64MiB", "--evict-heat", "16", "--"}, touch...), 125, "--evict-heat 16: give 0 to 15"},

@@ -226,7 +226,7 @@ func TestSimBadInput(t *testing.T) {
 		{"only first touches", []string{"--trace", zeros}, "has no faults to replay (1 records"},
 		{"unknown mode", []string{"--trace", paperTrace, "--mode", "sideways"}, `--mode "sideways": give map (farmem run's default), cache (Leap's) or both`},
 		{"empty mode", []string{"--trace", paperTrace, "--mode", ""}, `--mode "": give map`},
-		{"unknown prefetcher", []string{"--trace", paperTrace, "--prefetcher", "oracle"}, `unknown prefetcher "oracle": choose all or among leap, readahead, stride, nextn, none`},
+		{"unknown prefetcher", []string{"--trace", paperTrace, "--prefetcher", "oracle"}, `unknown prefetcher "oracle": choose all or among leap, streams, readahead, stride, nextn, none`},
 		{"empty in list", []string{"--trace", paperTrace, "--prefetcher", "leap,"}, "an empty name"},
 		{"not a number", []string{"--trace", paperTrace, "--cache-pages", "lots"}, `invalid value "lots" for flag -cache-pages`},
 		{"zero cache", []string{"--trace", paperTrace, "--cache-pages", "0"}, "--cache-pages 0: give a positive number"},

@@ -1,6 +1,6 @@
 // Command farmem-bench is issue 6's harness: each workload natively, under farmem at caps of
 // 100/75/50/25 % of its measured native peak (the embedded backend, with the default prefetcher,
-// leap, and with --prefetch none), and under Linux swap at the same caps (a cgroup v1 memory limit, swapping to
+// streams, and with --prefetch none), and under Linux swap at the same caps (a cgroup v1 memory limit, swapping to
 // zram and to a swap file on disk, set up and torn down by workloads/swap/linux-swap.sh), in
 // rounds interleaved so that machine drift hits every configuration alike. The micro workloads
 // also run under bin/floorpager (configuration floor: a minimal userfaultfd pager, the floor
@@ -157,7 +157,7 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf, numpy-matmul, jvm-* and node are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul, jvm-g1, jvm-parallel (a 400 MiB heap at scale 1), node (about 330 MiB)")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, leap), farmem-none (or -leap, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis)")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis)")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
 	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
@@ -287,7 +287,7 @@ func configs(names, caps []string) ([]config, []int, error) {
 			switch n {
 			case "farmem":
 				r = append(r, config{kind: "farmem", pct: p})
-			case "farmem-leap", "farmem-readahead", "farmem-stride", "farmem-nextn", "farmem-none":
+			case "farmem-leap", "farmem-streams", "farmem-readahead", "farmem-stride", "farmem-nextn", "farmem-none":
 				r = append(r, config{kind: "farmem", prefetch: strings.TrimPrefix(n, "farmem-"), pct: p})
 			case "farmem-tcp", "farmem-shm", "farmem-tcp-leap", "farmem-shm-leap":
 				f := strings.Split(n, "-")

@@ -213,7 +213,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	p("; the rounds were interleaved (each round runs every workload in every configuration once), so machine drift hits every configuration alike.\n")
 	p("\n## How each configuration runs\n\n")
 	p("- **native**: the program alone, no cap.\n")
-	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (leap in map mode, up to 32 pages, since commit 0645641; none before); **farmem-none** adds `--prefetch none`: no prefetching, the comparison that says what the prefetcher is worth (`-configs` also takes farmem-leap, -readahead, -stride, -nextn). **farmem-tcp / farmem-shm** (when asked for with `-configs`; not in the default run, for time): `farmem run --ctrl` with a ctrl and one memory server on this host, over tcp loopback or shared memory.\n")
+	p("- **farmem**: `farmem run --local-mem CAP` with the embedded backend (pages kept raw in farmem's memory) and farmem's default prefetcher (streams in map mode, up to 32 pages: leap with a table of sequential walks, since a10cb0f; leap since 0645641; none before); **farmem-none** adds `--prefetch none`: no prefetching, the comparison that says what the prefetcher is worth (`-configs` also takes farmem-leap, -streams, -readahead, -stride, -nextn; **farmem-streams** is `--prefetch streams`: leap with a table of sequential walks beside it). **farmem-tcp / farmem-shm** (when asked for with `-configs`; not in the default run, for time): `farmem run --ctrl` with a ctrl and one memory server on this host, over tcp loopback or shared memory.\n")
 	cg := cgroupWords()
 	p("- **swap-zram / swap-file**: the program in a %s memory cgroup (%s) with swap on,", cg.version, cg.limit)
 	p(" to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
@@ -322,7 +322,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	// an old swap-prefetch.png in out would be shown as this run's.
 	withNone := slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "farmem" && c.prefetch == "none" && c.remote == "" })
 	if withNone {
-		p("\nThe prefetchers side by side: farmem's default's (leap) throughput over `--prefetch none`'s at each cap below 100 %% (above the dashed line, leap helped):\n\n![prefetchers](swap-prefetch.png)\n")
+		p("\nThe prefetchers side by side: farmem's default's throughput over `--prefetch none`'s at each cap below 100 %% (above the dashed line, the default helped):\n\n![prefetchers](swap-prefetch.png)\n")
 	} else {
 		p("\nThis run had no `farmem-none` configuration, so it does not compare prefetchers (`-configs farmem,farmem-none,...` does; results/prefetch.md compares them on recorded traces and live runs).\n")
 	}
@@ -605,13 +605,13 @@ func (h *harness) targets(p func(string, ...any), wls []workload, rs []result, n
 	}
 }
 
-// plotPrefetch compares farmem's prefetchers: the default's (leap) throughput over none's
+// plotPrefetch compares farmem's prefetchers: the default's throughput over none's
 // at the same cap, a bar per workload and cap below 100 % (the throughputs x native differ by
 // orders of magnitude between workloads, the ratio reads on one axis).
 func plotPrefetch(path string, wls []workload, pcts []int, rs []result, nat map[string]stat) error {
 	pl := plot.New()
-	pl.Title.Text = "farmem's prefetchers: leap's throughput over none's, same cap"
-	pl.Y.Label.Text = "throughput, leap / none"
+	pl.Title.Text = "farmem's prefetchers: the default's throughput over none's, same cap"
+	pl.Y.Label.Text = "throughput, default / none"
 	var labels []string
 	var gain plotter.Values
 	for _, w := range wls {
