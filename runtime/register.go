@@ -1,6 +1,10 @@
 package runtime
 
 import (
+	"errors"
+
+	"golang.org/x/sys/unix"
+
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/uffd"
@@ -41,6 +45,14 @@ func (p *Process) register(start, length uint64) (fresh bool, err error) {
 
 // adopt records the pages of a just-registered range that are already present: the program
 // touched them before we could register (glibc's internal brk/mmap). They have no stored copy.
+//
+// Only pages in a mapping registered with the process's uffd are adopted (ours). The range can
+// change between its registration and the pagemap read: a MAP_FIXED too small for the filter
+// to hand over (a Go runtime's page-allocator summary, a page at a time) replaces part of it
+// with a mapping nobody registered, which the program then writes. Adopted, such a page would
+// be evicted, and the program's next read of it would find the kernel's zero page, not a
+// fault. The table stays locked from the check to the record, so an UNMAP that replaces the
+// mapping after the check is applied after the record, and discards it.
 func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 	pid := p.Pid()
 	if pid == 0 {
@@ -54,19 +66,47 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 			return adopted, err
 		}
 		p.table.Lock()
-		for i, e := range buf[:k] {
-			page := start + (off+uint64(i))*PageSize
+		for i := uint64(0); i < k; {
+			page := start + (off+i)*PageSize
 			// The staging area's pages are not the program's (the kernel may have merged it
 			// with a neighbour, so a mapping can hold it).
-			if procfs.Present(e) && p.table.Get(page) == nil && !p.table.InStaging(page) {
-				p.table.Install(page, pagetable.Written, 0)
-				adopted++
+			if !procfs.Present(buf[i]) || p.table.Get(page) != nil || p.table.InStaging(page) {
+				i++
+				continue
 			}
+			j := i + 1 // the run of pages to adopt from i
+			for j < k && procfs.Present(buf[j]) && p.table.Get(page+(j-i)*PageSize) == nil && !p.table.InStaging(page+(j-i)*PageSize) {
+				j++
+			}
+			if p.ours(page, (j-i)*PageSize) {
+				for q := i; q < j; q++ {
+					p.table.Install(page+(q-i)*PageSize, pagetable.Written, 0)
+				}
+				adopted += int64(j - i)
+			} else {
+				for q := i; q < j; q++ { // the run crosses mappings, or holds one not ours
+					if pg := page + (q-i)*PageSize; p.ours(pg, PageSize) {
+						p.table.Install(pg, pagetable.Written, 0)
+						adopted++
+					}
+				}
+			}
+			i = j
 		}
 		p.table.Unlock()
 		off += k
 	}
 	return adopted, nil
+}
+
+// ours reports whether [start, start+length), whose first page is present, lies in one mapping
+// registered with the process's uffd: a zero-page request there checks the mapping first
+// (ENOENT if it is not one registered mapping of ours), then finds the first page present
+// (EEXIST) and installs nothing. Anything else (EAGAIN: an event not read yet, which may be
+// the mapping's replacement) is no: a page not adopted is only never evicted.
+func (p *Process) ours(start, length uint64) bool {
+	_, err := uffd.ZeroPage(p.fd, start, length, uffd.ZeroPageDontWake)
+	return errors.Is(err, unix.EEXIST)
 }
 
 // Rescan registers every mapping of the process that registrable accepts and returns how many

@@ -1,0 +1,79 @@
+package runtime
+
+import (
+	"os"
+	"sync/atomic"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/pagetable"
+	"github.com/farmem/farmem/uffd"
+)
+
+// A page of a registered range that a MAP_FIXED replaced, before the range's present pages were
+// adopted, is in a mapping nobody registered: adopting it would let it be evicted, and the
+// program would then read the kernel's zero page there instead of faulting. adopt takes every
+// present page of the registered mappings, and not that one.
+func TestAdoptTakesOnlyRegisteredPages(t *testing.T) {
+	const pages = 16
+	mem, err := unix.Mmap(-1, 0, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for i := range pages {
+		mem[i*PageSize] = byte(i + 1)
+	}
+	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
+	if err != nil {
+		t.Skipf("userfaultfd: %v", err)
+	}
+	defer unix.Close(fd)
+	if _, _, err := uffd.API(fd, 0); err != nil { // no UNMAP events: nobody reads them here
+		t.Fatal(err)
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	if _, err := uffd.Register(fd, start, pages*PageSize, RegisterMode); err != nil {
+		t.Fatal(err)
+	}
+	// Page 5 replaced by a fresh mapping, written: present, and registered with nothing.
+	const replaced = 5
+	at := start + replaced*PageSize
+	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, uintptr(at), PageSize, unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, ^uintptr(0), 0); errno != 0 {
+		t.Fatal(errno)
+	}
+	mem[replaced*PageSize] = 99
+
+	var resident atomic.Int64
+	p := &Process{fd: fd, table: pagetable.New(&resident, pagetable.NewSlots(backend.NewMemory()))}
+	p.pid.Store(int32(os.Getpid()))
+	adopted, err := p.adopt(start, pages*PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adopted != pages-1 {
+		t.Errorf("adopted %d pages, want %d (every present page of the registered mappings)", adopted, pages-1)
+	}
+	for i := range pages {
+		e := p.table.Get(start + uint64(i)*PageSize)
+		switch {
+		case i == replaced && e != nil:
+			t.Errorf("page %d, in a mapping not registered, was adopted", i)
+		case i != replaced && (e == nil || e.State != pagetable.Resident):
+			t.Errorf("page %d, present and registered, was not adopted: %+v", i, e)
+		}
+	}
+	for i := range pages { // the check installed nothing and changed nothing
+		want := byte(i + 1)
+		if i == replaced {
+			want = 99
+		}
+		if mem[i*PageSize] != want {
+			t.Errorf("page %d holds %d, want %d", i, mem[i*PageSize], want)
+		}
+	}
+}
