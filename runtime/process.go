@@ -12,8 +12,8 @@ import (
 	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/pagetable"
-	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/prefetch"
+	"github.com/farmem/farmem/procfs"
 )
 
 // Agent is the connection to a process's agent thread.
