@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/farmem/farmem/launcher"
 )
 
 // nobodyDir returns a new directory that user nobody may read and run programs from (a test's
@@ -54,30 +56,8 @@ func TestAsUserServed(t *testing.T) {
 		{"ArmedFromStart", 32, 96, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			sum := filepath.Join(dir, c.name+".json")
-			cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", c.capMiB), "--summary-json", sum, "--",
-				runuser, "-u", "nobody", "--", "/bin/sh", "-c", `[ "$(id -u)" = 65534 ] && exec "$0" "$1" 1`, bin, fmt.Sprint(c.dataMiB))
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			a := startAttacheeCmd(t, cmd)
-			rss := sampleRSS(cmd.Process.Pid)
-			forks := 0
-			for i := 0; i < 20 && forks < 3; i++ {
-				var bad int
-				if _, forks, bad = a.check(t); bad != 0 {
-					t.Fatalf("%d fork children of the program found a page not their own", bad)
-				}
-			}
-			fmt.Fprintln(a.in, "exit")
-			if err := a.cmd.Wait(); err != nil {
-				t.Fatalf("farmem run: %v\n%s", err, stderr.String())
-			}
-			peaks := rss.finish()
-			t.Logf("%s", stderr.String())
-			if forks < 1 {
-				t.Errorf("the program's forking thread finished no fork")
-			}
-			s := readSummary(t, sum)
+			s, peaks, stderr := runAsNobody(t, runuser, filepath.Join(dir, c.name+".json"), c.capMiB,
+				`[ "$(id -u)" = 65534 ] && exec "$0" "$1" 1`, bin, fmt.Sprint(c.dataMiB))
 			if s.UnservedImages != 0 {
 				t.Errorf("summary: unserved_images %d, want 0", s.UnservedImages)
 			}
@@ -113,23 +93,14 @@ func TestAsUserServed(t *testing.T) {
 	}
 }
 
-// A program running as nobody that exec's a setuid-root binary: the new image, in secure
-// execution, ignores the shim and is entered as farmem enters any such image (root again, it may
-// have its uffd and filter); its data and its fork children's verify, within the cap.
-func TestAsUserExecsSetuid(t *testing.T) {
-	runuser := need(t, "/usr/sbin/runuser")
-	dir := nobodyDir(t)
-	bin := filepath.Join(dir, "attachee")
-	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
-		t.Fatalf("building attachee: %v\n%s", err, b)
-	}
-	if err := os.Chmod(bin, os.ModeSetuid|0o755); err != nil {
-		t.Fatal(err)
-	}
-	sum := filepath.Join(dir, "summary.json")
-	const capMiB = 32
-	cmd := exec.Command(farmemBin(t), "run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--summary-json", sum, "--",
-		runuser, "-u", "nobody", "--", "/bin/sh", "-c", `[ "$(id -u)" = 65534 ] && exec "$0" 96 1`, bin)
+// runAsNobody runs, under farmem run at capMiB with its summary at sum, runuser dropping to
+// nobody and sh running script with args (which exec's an attachee with a forking thread); it
+// checks the attachee until its thread forked 3 times (at most 20 checks: every child verifying
+// its pages), ends it, and returns the run's summary, the peaks sampled, and farmem's stderr.
+func runAsNobody(t *testing.T, runuser, sum string, capMiB int, script string, args ...string) (*launcher.Summary, map[int]int64, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(farmemBin(t), append([]string{"run", "--local-mem", fmt.Sprintf("%dMiB", capMiB), "--summary-json", sum, "--",
+		runuser, "-u", "nobody", "--", "/bin/sh", "-c", script}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	a := startAttacheeCmd(t, cmd)
@@ -150,7 +121,25 @@ func TestAsUserExecsSetuid(t *testing.T) {
 	if forks < 1 {
 		t.Errorf("the program's forking thread finished no fork")
 	}
-	s := readSummary(t, sum)
+	return readSummary(t, sum), peaks, &stderr
+}
+
+// A program running as nobody that exec's a setuid-root binary: the new image, in secure
+// execution, ignores the shim and is entered as farmem enters any such image (root again, it may
+// have its uffd and filter); its data and its fork children's verify, within the cap.
+func TestAsUserExecsSetuid(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	bin := filepath.Join(dir, "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	if err := os.Chmod(bin, os.ModeSetuid|0o755); err != nil {
+		t.Fatal(err)
+	}
+	const capMiB = 32
+	s, peaks, _ := runAsNobody(t, runuser, filepath.Join(dir, "summary.json"), capMiB,
+		`[ "$(id -u)" = 65534 ] && exec "$0" 96 1`, bin)
 	checkEntered(t, s)
 	checkCap(t, s, peaks, capMiB<<20)
 }
