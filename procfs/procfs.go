@@ -178,31 +178,23 @@ func Threads(pid int) ([]int, error) {
 }
 
 // Tgid returns the process (thread group) thread tid belongs to.
-func Tgid(tid int) (int, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "Tgid:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return 0, fmt.Errorf("no Tgid in the status of %d", tid)
-}
+func Tgid(tid int) (int, error) { return statusInt(tid, "Tgid") }
 
 // PPid returns the pid of process pid's parent.
-func PPid(pid int) (int, error) {
+func PPid(pid int) (int, error) { return statusInt(pid, "PPid") }
+
+// statusInt returns a whole-number field of pid's status.
+func statusInt(pid int, field string) (int, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {
 		return 0, err
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "PPid:"); ok {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
 			return strconv.Atoi(strings.TrimSpace(v))
 		}
 	}
-	return 0, fmt.Errorf("no PPid in the status of %d", pid)
+	return 0, fmt.Errorf("no %s in the status of %d", field, pid)
 }
 
 // StatusBytes returns a size field of pid's status (VmRSS, VmHWM, RssAnon, ...), which the

@@ -18,6 +18,22 @@ func (c *cluster) byAddr(addr string) *memserver {
 	return nil
 }
 
+// freePreferredCopy has the server of the copy that slot's next read would take free that
+// copy's slab, and returns the slab and that server's address.
+func freePreferredCopy(t *testing.T, c *cluster, s *Store, slot backend.Slot) (*slab, string) {
+	t.Helper()
+	sb, _, err := s.slot(slot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _, _, ok := s.DescribeLoad(slot)
+	if !ok {
+		t.Fatal("no copy to read from")
+	}
+	c.byAddr(addr).srv.FreeSlab(sb.id)
+	return sb, addr
+}
+
 // whole waits until the ctrl counts every slab of the session whole and the store holds, for
 // every slab, `want` ready copies, none of them marked bad nor on a server in avoid.
 func (c *cluster) whole(s *Store, want int, avoid ...string) {
@@ -197,18 +213,10 @@ func TestGoneCopyFoundByReadIsReplaced(t *testing.T) {
 		slot = sl
 		break
 	}
-	sb, _, err := s.slot(slot)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A read prefers the copy whose server answered fastest so far, so any read of another slab
 	// may change which copy this slab's next read takes, and a copy no read takes is never found
 	// gone. Read the described slot itself next, with no read in between.
-	addr, _, _, ok := s.DescribeLoad(slot)
-	if !ok {
-		t.Fatal("no copy to read from")
-	}
-	c.byAddr(addr).srv.FreeSlab(sb.id)
+	sb, addr := freePreferredCopy(t, c, s, slot)
 	buf := make([]byte, backend.PageSize)
 	if err := s.Load(slot, buf); err != nil {
 		t.Fatalf("slot %#x, its preferred copy gone: %v", slot, err)

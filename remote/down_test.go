@@ -17,15 +17,7 @@ func TestRefusedSlabLeavesServerUp(t *testing.T) {
 
 	// A read refused: the read takes the copy it prefers, whose server freed it.
 	slot := slotsOf(pages, 0, 1)[0]
-	sb, _, err := s.slot(slot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, _, _, ok := s.DescribeLoad(slot)
-	if !ok {
-		t.Fatal("no copy to read from")
-	}
-	c.byAddr(addr).srv.FreeSlab(sb.id)
+	freePreferredCopy(t, c, s, slot)
 	buf := make([]byte, backend.PageSize)
 	if err := s.Load(slot, buf); err != nil || !bytes.Equal(buf, pages[slot]) {
 		t.Fatalf("slot %#x, its preferred copy gone: %v (right bytes: %v)", slot, err, bytes.Equal(buf, pages[slot]))
