@@ -90,8 +90,7 @@ func (rt *Runtime) ForkParents() []int {
 	}
 	rt.mu.Unlock()
 	for _, c := range gone {
-		c.exited.Store(true)
-		rt.retire(c)
+		rt.retireGone(c)
 	}
 	return out
 }

@@ -99,8 +99,8 @@ type Process struct {
 	// ioctl on a closed (or reused) fd.
 	life    sync.RWMutex
 	retired bool // protected by life
-	// exited: the process is gone, or its memory is (an exec, a fork that failed): set once,
-	// before it is retired, by whoever saw it go; read by its fault thread (Exited).
+	// exited: the process is gone, or its memory is (an exec, a fork that failed): set by
+	// retireGone; read by its fault thread (Exited).
 	exited atomic.Bool
 	// detaching: farmem is letting the process go (attach.go): no batch takes its pages, its
 	// faults never wait for room, nothing more is registered.

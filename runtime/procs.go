@@ -44,8 +44,7 @@ func (rt *Runtime) attach(pid, fd, ppid int) (*Process, error) {
 		p.forks.Store(from.forks.Load()) // a fork child of a process with a fork server
 	}
 	if old != nil {
-		old.exited.Store(true) // its image is: the exec freed that memory
-		rt.retire(old)
+		rt.retireGone(old) // its image is: the exec freed that memory
 	}
 	p.fetch.Start()
 	rt.watchExit(p, pid)
@@ -124,8 +123,7 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 			var gone []*Process
 			c, gone = rt.nextForkedLocked(parent, pid)
 			for _, g := range gone {
-				g.exited.Store(true)
-				defer rt.retire(g)
+				defer rt.retireGone(g)
 			}
 			if c != nil {
 				break
@@ -221,8 +219,7 @@ func (rt *Runtime) Lookup(pid int) *Process {
 func (rt *Runtime) watchExit(p *Process, pid int) {
 	pfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		p.exited.Store(true)
-		rt.retire(p)
+		rt.retireGone(p)
 		return
 	}
 	go func() {
@@ -234,9 +231,15 @@ func (rt *Runtime) watchExit(p *Process, pid int) {
 			}
 			break
 		}
-		p.exited.Store(true)
-		rt.retire(p)
+		rt.retireGone(p)
 	}()
+}
+
+// retireGone retires p, whose process, or the memory its uffd stands for, is gone: from now on
+// a fault in that memory can only be farmem's own read (Exited).
+func (rt *Runtime) retireGone(p *Process) {
+	p.exited.Store(true)
+	rt.retire(p)
 }
 
 // retire stops serving p and frees everything it held.

@@ -19,9 +19,9 @@ import (
 //     its own FORK event, its own page table and its own memory. Matched in fork order, a child
 //     would be served on its sibling's uffd, with its sibling's table: zeros, or its sibling's
 //     pages.
-//   - A child's table must be its parent's as it was at the fork. Faults the parent took while
-//     its FORK event was queued, served before the event, had pages recorded resident in the
-//     child that only the parent had: the runtime stopped the child, and then the run could hang.
+//   - A child's table must be its parent's as it was at the fork: a fault the parent took while
+//     its FORK event was queued, served before the event, would record resident in the child a
+//     page only the parent has, and the runtime would stop the child at its first touch of it.
 func TestForkingThreadsEachServedAsItself(t *testing.T) { forkingThreads(t, attacheeBin(t)) }
 
 // The same in a static program (musl), whose forks the runtime enters itself (the fork server):

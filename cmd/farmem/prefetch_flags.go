@@ -11,18 +11,17 @@ import (
 	"github.com/farmem/farmem/prefetch"
 )
 
-// farmem run's prefetching defaults, chosen by the side-by-side benchmarks. Leap in map mode was
-// the only prefetcher never clearly slower than none on any workload (results/prefetch.md, "The
-// default": nextn was up to 4x slower on redis, stride and readahead lost on pagerank). streams
-// answers as leap does and adds the walks leap's vote misses among random faults: the medians
-// of its backend faults were 0.69-1.02x leap's on every workload measured, the JVMs and node
-// included, for the same throughput within the noise (results/prefetch-streams/swap.md,
-// results/runtimes/why.md). A
-// window of up to 32 pages rather than the paper's 8 cut a sequential or strided stream's
-// remaining misses further (in map mode every miss is a uffd round trip plus a fetch, and a
-// stream pays one miss per window) at no cost on random and redis's faults. The package's own
-// default (prefetch.DefaultMax: 8) stays the paper's: farmem sim scores cache mode with it, as
-// Leap did, and map mode with this one, as farmem run does, unless told --prefetch-max.
+// farmem run's prefetching defaults, chosen by the side-by-side benchmarks. Of the prefetchers
+// Leap's paper and Linux offer, Leap in map mode was the only one never clearly slower than none
+// (results/prefetch.md, "The default"). streams answers as Leap does and adds the sequential
+// walks Leap's vote misses among random faults: it took fewer backend faults than Leap on every
+// workload measured, for the same throughput (results/prefetch-streams/swap.md,
+// results/runtimes/why.md). A window of up to 32 pages rather than the paper's 8 cuts a
+// sequential or strided stream's remaining misses further (in map mode every miss is a uffd
+// round trip plus a fetch, and a stream pays one miss per window) at no cost on random faults
+// (results/prefetch.md). The package's own default (prefetch.DefaultMax: 8) stays the paper's:
+// farmem sim scores cache mode with it, as Leap did, and map mode with this one, as farmem run
+// does, unless told --prefetch-max.
 const (
 	runDefaultPrefetch    = prefetch.NameStreams
 	runDefaultPrefetchMax = 32
