@@ -175,7 +175,7 @@ func (p *fakeProc) read() {
 			case uffd.EventRemove:
 				start, end := m.Range()
 				p.tb.Lock()
-				p.tb.Removed(start, end)
+				p.tb.Removed(start, end, time.Now())
 				p.tb.Unlock()
 				select {
 				case p.removed <- start:

@@ -167,7 +167,7 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 		switch m.Event() {
 		case uffd.EventRemove:
 			s, e := m.Range()
-			f.table.Removed(s, e)
+			f.table.Removed(s, e, time.Now())
 		case uffd.EventUnmap:
 			s, e := m.Range()
 			f.table.DiscardRange(s, e)

@@ -46,6 +46,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/farmem/farmem/backend"
 )
@@ -135,6 +136,7 @@ type PageTable struct {
 	// from the parent in a fork child. Never adopted or evicted: its pages are not the
 	// program's. Protected by mu.
 	staging, stagingEnd uint64
+	discards            []discard // protected by mu; the program's REMOVEs of the last ZapLag, oldest first
 }
 
 // New returns an empty table that counts its resident pages into resident and frees slots
@@ -488,18 +490,24 @@ func (t *PageTable) Clear() {
 	t.fifo, t.head = nil, 0
 }
 
-// Removed applies a REMOVE event for [start, end): an Evicted page whose agent DONTNEED is in
-// flight consumes it (it is our own eviction); every other page was discarded by the program.
-// If the program discards a page while we evict it, the page sees two REMOVEs, and whichever
-// comes second discards it: either order ends in "reads as zeros", which is what it asked for.
-func (t *PageTable) Removed(start, end uint64) {
+// Removed applies a REMOVE event for [start, end), read at at: an Evicted page whose agent
+// DONTNEED is in flight consumes it (it is our own eviction); every other page was discarded by
+// the program. If the program discards a page while we evict it, the page sees two REMOVEs, and
+// whichever comes second discards it: either order ends in "reads as zeros", which is what it
+// asked for. An event that is not wholly ours is remembered for Discarding.
+func (t *PageTable) Removed(start, end uint64, at time.Time) {
+	ours := uint64(0)
 	t.each(start, end, func(p uint64, e *Entry) {
 		if e.State == Evicted && e.InFlight {
 			e.InFlight = false
+			ours++
 		} else {
 			t.Discard(p)
 		}
 	})
+	if ours*backend.PageSize != end-start {
+		t.noteDiscard(start, end, at)
+	}
 }
 
 // SetStaging records the process's staging area, [start, end).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/farmem/farmem/backend"
@@ -36,14 +37,14 @@ func TestRemovedOwnEvictionThenDiscard(t *testing.T) {
 	if res.Load() != 0 {
 		t.Fatalf("resident %d after eviction, want 0", res.Load())
 	}
-	tb.Removed(pg, pg+backend.PageSize) // ours
+	tb.Removed(pg, pg+backend.PageSize, time.Now()) // ours
 	if e := tb.Get(pg); e == nil || e.State != Evicted || e.InFlight {
 		t.Fatalf("after our REMOVE: %+v, want Evicted, not in flight", e)
 	}
 	if m.Stored() != 1 {
 		t.Fatalf("stored %d, want 1", m.Stored())
 	}
-	tb.Removed(pg, pg+backend.PageSize) // the program's
+	tb.Removed(pg, pg+backend.PageSize, time.Now()) // the program's
 	if e := tb.Get(pg); e != nil {
 		t.Fatalf("after the program's REMOVE: %+v, want no entry (zeros)", e)
 	}
@@ -202,7 +203,7 @@ func TestStagedCommitAndUnstage(t *testing.T) {
 	if m.Stored() != 1 {
 		t.Fatalf("stored %d, want 1: the stale slot must be released", m.Stored())
 	}
-	tb.Removed(0x1000, 0x2000) // the program's own discard, not ours: none of ours is to come
+	tb.Removed(0x1000, 0x2000, time.Now()) // the program's own discard, not ours: none of ours is to come
 	if tb.Get(0x1000) != nil || m.Stored() != 0 {
 		t.Fatal("a REMOVE after the commit must discard the page")
 	}
@@ -218,7 +219,7 @@ func TestStagedDiscardAndRemap(t *testing.T) {
 	a, b := tb.Get(0x1000), tb.Get(0x2000)
 	tb.Stage(a, 0)
 	tb.Stage(b, 1)
-	tb.Removed(0x1000, 0x2000)
+	tb.Removed(0x1000, 0x2000, time.Now())
 	if a.State != 0 || tb.Get(0x1000) != nil || res.Load() != 1 {
 		t.Fatalf("discarded staged page: %+v resident %d; want State 0, no entry, 1 resident", a, res.Load())
 	}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -74,6 +75,58 @@ func TestAdoptTakesOnlyRegisteredPages(t *testing.T) {
 		}
 		if mem[i*PageSize] != want {
 			t.Errorf("page %d holds %d, want %d", i, mem[i*PageSize], want)
+		}
+	}
+}
+
+// The program's discard is zapped only after its REMOVE event is read and applied: until then
+// its pages are present. adopt must not take them, or the zap would leave them recorded
+// resident yet absent, and the next touch would stop the program. Here the discard's event
+// was read and its zap is still to come (it never comes: pages 3 and 4 stay present).
+func TestAdoptLeavesPagesBeingDiscarded(t *testing.T) {
+	const pages = 8
+	mem, err := unix.Mmap(-1, 0, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for i := range pages {
+		mem[i*PageSize] = byte(i + 1)
+	}
+	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
+	if err != nil {
+		t.Skipf("userfaultfd: %v", err)
+	}
+	defer unix.Close(fd)
+	if _, _, err := uffd.API(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	if _, err := uffd.Register(fd, start, pages*PageSize, RegisterMode); err != nil {
+		t.Fatal(err)
+	}
+	var resident atomic.Int64
+	p := &Process{fd: fd, table: pagetable.New(&resident, pagetable.NewSlots(backend.NewMemory()))}
+	p.pid.Store(int32(os.Getpid()))
+	const lo, hi = 3, 5 // the discard's pages
+	p.table.Lock()
+	p.table.Removed(start+lo*PageSize, start+hi*PageSize, time.Now())
+	p.table.Unlock()
+
+	adopted, err := p.adopt(start, pages*PageSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if adopted != pages-(hi-lo) {
+		t.Errorf("adopted %d pages, want %d (every present page but the discard's)", adopted, pages-(hi-lo))
+	}
+	for i := range pages {
+		e := p.table.Get(start + uint64(i)*PageSize)
+		switch {
+		case i >= lo && i < hi && e != nil:
+			t.Errorf("page %d, being discarded, was adopted", i)
+		case (i < lo || i >= hi) && (e == nil || e.State != pagetable.Resident):
+			t.Errorf("page %d, present and not discarded, was not adopted: %+v", i, e)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"errors"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -53,6 +54,12 @@ func (p *Process) register(start, length uint64) (fresh bool, err error) {
 // be evicted, and the program's next read of it would find the kernel's zero page, not a
 // fault. The table stays locked from the check to the record, so an UNMAP that replaces the
 // mapping after the check is applied after the record, and discards it.
+//
+// Nor is a page the program is discarding: its REMOVE event is read (and applied) before the
+// kernel zaps it, so pagemap, and the check, can still find it present after the event.
+// Adopted, it would be recorded resident and then vanish: its next touch would fault on a
+// record that says farmem has nothing to serve, and the process would be stopped. The table
+// remembers the program's discards for as long as a zap can lag its event (Discarding).
 func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 	pid := p.Pid()
 	if pid == 0 {
@@ -66,16 +73,24 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 			return adopted, err
 		}
 		p.table.Lock()
+		now := time.Now()
+		chunk := start + off*PageSize
+		discarding := p.table.Discarding(chunk, chunk+k*PageSize, now)
+		// The staging area's pages are not the program's (the kernel may have merged it with a
+		// neighbour, so a mapping can hold it).
+		adoptable := func(i uint64) bool {
+			page := chunk + i*PageSize
+			return procfs.Present(buf[i]) && p.table.Get(page) == nil && !p.table.InStaging(page) &&
+				!(discarding && p.table.Discarding(page, page+PageSize, now))
+		}
 		for i := uint64(0); i < k; {
-			page := start + (off+i)*PageSize
-			// The staging area's pages are not the program's (the kernel may have merged it
-			// with a neighbour, so a mapping can hold it).
-			if !procfs.Present(buf[i]) || p.table.Get(page) != nil || p.table.InStaging(page) {
+			if !adoptable(i) {
 				i++
 				continue
 			}
+			page := chunk + i*PageSize
 			j := i + 1 // the run of pages to adopt from i
-			for j < k && procfs.Present(buf[j]) && p.table.Get(page+(j-i)*PageSize) == nil && !p.table.InStaging(page+(j-i)*PageSize) {
+			for j < k && adoptable(j) {
 				j++
 			}
 			if p.ours(page, (j-i)*PageSize) {
