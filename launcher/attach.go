@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/inject"
+	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/runtime"
 )
 
@@ -67,6 +68,9 @@ type attachment struct {
 	// start time (a pid is reused: a new child with an old one's pid is looked at anew); the main
 	// loop's.
 	known map[int]uint64
+	// attachedAt: the process's anonymous memory, in bytes, as it was entered; broughtBack:
+	// pages the detach read back in. The main loop's.
+	attachedAt, broughtBack int64
 }
 
 // CheckAttachable returns why farmem cannot attach to process pid, in one line, or nil.
@@ -185,28 +189,34 @@ func Attach(o Options, pid int) (int, error) {
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	detached := false
+	var sum *Summary
 loop:
 	for rt.Live() > 0 {
 		select {
 		case <-sigs:
-			// The pages brought back are not what the cap held while attached.
-			peak := rt.Stats.PeakAnonPages.Load()
+			// The summary is of the time attached: the detach's own faults, which bring every
+			// page back, and the memory they fill, are not what the cap held nor what the
+			// process paid.
+			attached := summarize(rt, o, 0)
 			err := a.detach()
-			rt.Stats.PeakAnonPages.Store(peak)
 			if err != nil {
 				// Exiting now could kill what is not let go yet (its lifeline): it is served on,
 				// no longer evicted, until it exits or a signal tries again.
 				fmt.Fprintf(os.Stderr, "farmem: detaching from process %d: %v; still attached (evicting nothing): SIGINT, SIGTERM or SIGHUP tries again\n", pid, err)
 				continue
 			}
-			detached = true
+			attached.BroughtBackPages = a.broughtBack
+			sum, detached = attached, true
 			break loop
 		case <-tick.C:
 		}
 		a.enterChildren()
 	}
 	status := 0
-	sum := summarize(rt, o, status)
+	if !detached {
+		sum = summarize(rt, o, status)
+	}
+	sum.Attached, sum.AttachedAtBytes = true, a.attachedAt
 	if o.SummaryJSON != "" {
 		if err := writeSummary(o.SummaryJSON, sum); err != nil {
 			fmt.Fprintf(os.Stderr, "farmem: --summary-json: %v\n", err)
@@ -274,7 +284,12 @@ func (a *attachment) enter() (err error) {
 		return err
 	}
 	// Still frozen: nothing it holds grows unseen while its mappings are registered and its
-	// present pages adopted.
+	// present pages adopted. What it holds now, the agent's few pages with the rest, is the
+	// process's own: a peak up to it is not over the cap.
+	if st, err := procfs.OpenStatm(a.pid); err == nil {
+		a.attachedAt = st.AnonPages() * runtime.PageSize
+		st.Close()
+	}
 	a.rt.ArmNow()
 	return g.Detach()
 }
@@ -490,7 +505,9 @@ func (a *attachment) letGo(p *runtime.Process, g *inject.Group) error {
 		// agent's address now is the new image's.
 		return nil
 	}
-	if _, err := p.BringBack(); err != nil {
+	n, err := p.BringBack()
+	a.broughtBack += int64(n)
+	if err != nil {
 		return err
 	}
 	if err := p.DetachAgent(); err != nil {

@@ -30,6 +30,12 @@ type Summary struct {
 	// ArmedAtBytes is the programs' anonymous memory when the run armed; 0 if it armed from the
 	// start, or never.
 	ArmedAtBytes int64 `json:"armed_at_bytes"`
+	// Attached: `farmem attach`, not run: the figures are of the time attached (before a
+	// detach). AttachedAtBytes: the process's anonymous memory as farmem attached.
+	Attached        bool  `json:"attached"`
+	AttachedAtBytes int64 `json:"attached_at_bytes"`
+	// BroughtBackPages: the pages a detach read back into the process; not in Faults.
+	BroughtBackPages int64 `json:"brought_back_pages"`
 	// ArmThresholdBytes is the programs' anonymous memory at which the run arms (the cap less
 	// an arming margin); 0 when the cap is within that margin and the run armed from the start.
 	ArmThresholdBytes int64 `json:"arm_threshold_bytes"`
@@ -238,7 +244,14 @@ func summaryLines(s *Summary) []string {
 		line("held %s to %s; at its peak the kernel counted %s: %s anonymous, the rest page cache and kernel memory, not capped",
 			name, size(s.CapBytes), size(*cg), size(min(s.PeakAnonBytes, *cg)))
 	}
-	if over := s.PeakAnonBytes - s.CapBytes; over > 0 {
+	if s.AttachedAtBytes > s.CapBytes {
+		line("it had %s when farmem attached: what was over the cap went to the store", size(s.AttachedAtBytes))
+	}
+	limit, limitWords := s.CapBytes, "the cap"
+	if s.AttachedAtBytes > s.CapBytes {
+		limit, limitWords = s.AttachedAtBytes, "what it had then"
+	}
+	if over := s.PeakAnonBytes - limit; over > 0 {
 		// An eviction batch's pages leave the count the cap keeps when they are stored, and the
 		// kernel's when the program's agent drops them, a moment later; the sampled peak adds up
 		// each process's own count, so a page a fork child shares counts in both.
@@ -246,7 +259,7 @@ func summaryLines(s *Summary) []string {
 		if s.Processes-s.EnteredImages > 1 { // an entered image is counted as a process, but shares nothing
 			why += ", and a page a fork child shares counts in each process"
 		}
-		line("its anonymous memory went %s over the cap: %s", size(over), why)
+		line("its anonymous memory went %s over %s: %s", size(over), limitWords, why)
 	}
 	switch {
 	case s.EnteredImages == 1:
@@ -289,6 +302,9 @@ func summaryLines(s *Summary) []string {
 			parts = append(parts, count(n)+" all zeros")
 		}
 		line("%s pages came back (%s) and %s went out (%s)", count(inPages), back, count(outPages), strings.Join(parts, ", "))
+	}
+	if n := s.BroughtBackPages; n > 0 {
+		line("the detach read %s pages (%s) back into it", count(n), size(n*runtime.PageSize))
 	}
 
 	// What the faults cost: their service time, from reading the fault to the install, is time

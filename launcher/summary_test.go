@@ -55,4 +55,20 @@ func TestSummaryLines(t *testing.T) {
 	if got := summaryLines(quiet); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+	// Attached at 128 MiB under a 32 MiB cap, then detached: its peak is measured against what it
+	// had, not the cap, and the pages the detach read back are neither faults nor pages that came back.
+	attached := &Summary{Program: []string{"attachee"}, CapBytes: 32 << 20, Armed: true, Attached: true,
+		AttachedAtBytes: 128 << 20, PeakAnonBytes: 128<<20 + 40<<10, BroughtBackPages: 24_709,
+		Evicted: Evicted{Written: 24_678, Zero: 31}, BytesOut: 24_678 * 4096, Faults: map[string]Histogram{}}
+	want = []string{
+		"farmem: held attachee to 32 MiB; its anonymous memory peaked at 128 MiB (sampled)",
+		"farmem: it had 128 MiB when farmem attached: what was over the cap went to the store",
+		"farmem: its anonymous memory went 40 KiB over what it had then: pages being evicted count until their batch drops them",
+		"farmem: 0 pages came back (0 B) and 24,709 went out (96.4 MiB written, 31 all zeros)",
+		"farmem: the detach read 24,709 pages (96.5 MiB) back into it",
+		"farmem: no fault was taken",
+	}
+	if got := summaryLines(attached); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

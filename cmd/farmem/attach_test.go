@@ -241,7 +241,8 @@ func TestAttachDetach(t *testing.T) {
 	sum0, _, _ := a.check(t)
 	mapsBefore := mappings(t, pid)
 
-	cmd, stderr := attachTo(t, pid, "16MiB")
+	summary := filepath.Join(t.TempDir(), "summary.json")
+	cmd, stderr := attachTo(t, pid, "16MiB", "--summary-json", summary)
 	waitRSSBelow(t, pid, 32<<20)
 	var want []string
 	for i := 0; i < 2; i++ {
@@ -264,6 +265,19 @@ func TestAttachDetach(t *testing.T) {
 		t.Errorf("after the detach the process holds %d MiB of its 64: its pages are not back", got>>20)
 	}
 	checkNothingLeft(t, pid, mapsBefore)
+	// The summary is of the time attached: what the process had as farmem came in, and the
+	// detach's reads apart from the process's faults.
+	var js launcher.Summary
+	if b, err := os.ReadFile(summary); err != nil || json.Unmarshal(b, &js) != nil {
+		t.Fatalf("summary: %v", err)
+	}
+	if !js.Attached || js.AttachedAtBytes < 64<<20 || js.BroughtBackPages < (64-32)<<20/4096 {
+		t.Errorf("summary: attached %v at %d MiB, %d pages brought back; want attached at 64 MiB or more, at least %d pages back",
+			js.Attached, js.AttachedAtBytes>>20, js.BroughtBackPages, (64-32)<<20/4096)
+	}
+	if strings.Contains(stderr.String(), "over the cap:") {
+		t.Errorf("the summary says the process went over the cap, though it was over it only as farmem came in:\n%s", stderr)
+	}
 	s, _, _ := twin.check(t)
 	if sum, _, _ := a.check(t); sum != s {
 		t.Fatalf("detached: sum %s, native %s", sum, s)
