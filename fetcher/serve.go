@@ -262,6 +262,12 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 			return f.wake(pg), FromZero
 		case time.Since(since) < absentGrace:
 			return retryBusy, FromZero
+		case e.Adopted:
+			// Its content was never farmem's: the kernel dropped it at the program's request
+			// (pagetable.Adopt), and it reads as zeros now, as on a first touch.
+			t.Discard(pg)
+			f.stats.Vanished.Add(1)
+			return f.zeroFill(pg, write), FromZero
 		}
 		f.host.Fail(fmt.Errorf("page %#x is absent from the program though farmem records it resident: its content may be lost", pg))
 		// Kept until the process is gone: the fault may be an eviction batch's read of the

@@ -127,9 +127,17 @@ func TestFaultOnStagedVictim(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("a fault on a moved victim was not served before the batch committed (fail: %q)", host.failure())
 	}
-	tb.Lock()
-	st := tb.Get(moved).State
-	tb.Unlock()
+	// The install wakes the reader before the fetcher, which installs with the table unlocked,
+	// records it.
+	var st pagetable.State
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		tb.Lock()
+		st = tb.Get(moved).State
+		tb.Unlock()
+		if st == pagetable.Resident && stats.FromStaging.Load() == 1 {
+			break
+		}
+	}
 	if st != pagetable.Resident || stats.FromStaging.Load() != 1 {
 		t.Errorf("moved victim: state %v, FromStaging %d; want Resident, 1", st, stats.FromStaging.Load())
 	}

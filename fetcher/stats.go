@@ -48,6 +48,9 @@ type Stats struct {
 	// the parent's staging area (the parent had moved them out, and not yet stored them, when
 	// it forked).
 	FromStaging atomic.Int64
+	// Vanished: adopted pages found absent, which the kernel dropped at the program's request
+	// (pagetable.Adopt), served as zeros.
+	Vanished atomic.Int64
 	// Prefetching: pages queued for the workers, installed by them, and used by the program
 	// (map mode: inferred from where the next miss landed; cache mode: faults that hit).
 	PrefetchIssued, PrefetchInstalled, PrefetchUsed atomic.Int64

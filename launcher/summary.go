@@ -52,11 +52,14 @@ type Summary struct {
 	ZeroFillPages int64 `json:"zero_fill_pages"`
 	// FromStaging: pages served from a staging area: victims of a batch in flight touched
 	// again once moved, and pages fork children read from a staging area of their parent's.
-	FromStaging int64     `json:"from_staging"`
-	Removes     int64     `json:"removes"` // REMOVE events read (the program's discards and our drops)
-	Prefetch    *Prefetch `json:"prefetch,omitempty"`
-	Evicted     Evicted   `json:"evicted"`
-	Batches     Batches   `json:"batches"`
+	FromStaging int64 `json:"from_staging"`
+	// AdoptedVanished: pages adopted (present before they were registered) that the kernel
+	// later dropped at the program's request, served as zeros (pagetable.Adopt).
+	AdoptedVanished int64     `json:"adopted_vanished"`
+	Removes         int64     `json:"removes"` // REMOVE events read (the program's discards and our drops)
+	Prefetch        *Prefetch `json:"prefetch,omitempty"`
+	Evicted         Evicted   `json:"evicted"`
+	Batches         Batches   `json:"batches"`
 	// MappingsSeen: mmap and brk calls the mapping filter handed over; UnseenPages: pages the
 	// rescan found already written in mappings it registered once armed.
 	MappingsSeen int64 `json:"mappings_seen"`
@@ -161,7 +164,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		Program: o.Argv, ExitStatus: status, CapBytes: o.LocalMem, Armed: rt.Armed(),
 		ArmedAtBytes: s.ArmedAtPages.Load() * runtime.PageSize, ArmWatched: rt.ArmWatched(),
 		ArmThresholdBytes: max(rt.ArmPages(), 0) * runtime.PageSize, Faults: map[string]Histogram{}, Held: map[string]Histogram{},
-		ZeroFills: s.ZeroFills.Load(), ZeroFillPages: s.ZeroPages.Load(), FromStaging: s.FromStaging.Load(),
+		ZeroFills: s.ZeroFills.Load(), ZeroFillPages: s.ZeroPages.Load(), FromStaging: s.FromStaging.Load(), AdoptedVanished: s.Vanished.Load(),
 		Removes: s.Removes.Load(),
 		Evicted: Evicted{Written: e.Written.Load(), DroppedClean: e.Dropped.Load(), Zero: e.Zero.Load(), Absent: e.Absent.Load()},
 		Batches: Batches{Count: e.Batches.Load(), Runs: e.Runs.Load(), Staged: e.Staged.Load(), Removes: e.Removes.Load(),

@@ -84,16 +84,16 @@ type Entry struct {
 	// ReadBack: this stay began with the page read back on a read (installed Clean or on the
 	// guess): how it ends teaches the table's write guess (writeGuess). Not a correctness bit.
 	ReadBack bool
-	Seq      uint32 // bumped on each install; victim-queue items with an older Seq are stale
-	// Heat is how many more times Victims passes the page over (see Victims); each pass
-	// spends one. Level is what a re-fault sets it to: raised by each re-fault that came back
-	// within a pass of its eviction, cleared by one that came back later (see Refaulted). Both
-	// are kept while the page is evicted, so they survive the stay they measure. Never
-	// correctness bits.
-	Heat, Level uint8
+	// Adopted: resident since adopt found it present, never installed, evicted or copied by
+	// farmem: the kernel alone has ever held its content (see Adopt).
+	Adopted bool
+	// heat holds Heat and Level, four bits each (MaxHeat is at most 15): the entry stays 32
+	// bytes, and the table is most of farmem's own memory beside its store.
+	heat uint8
 	// Stage is 1 + the page's index in the staging area: Staged pages, and the Evicted pages
 	// of a fork child that the parent had Staged (see the package doc).
 	Stage uint16
+	Seq   uint32 // bumped on each install; victim-queue items with an older Seq are stale
 	// EvictedAt is the table's eviction count when the page was last evicted: its re-fault
 	// distance is the evictions since (see Refaulted).
 	EvictedAt uint32
@@ -102,6 +102,16 @@ type Entry struct {
 	Sum  uint32
 	Slot backend.Slot
 }
+
+// Heat is how many more times Victims passes the page over (see Victims); each pass spends one.
+// Level is what a re-fault sets it to: raised by each re-fault that came back within a pass of
+// its eviction, cleared by one that came back later (see Refaulted). Both are kept while the
+// page is evicted, so they survive the stay they measure. Never correctness bits.
+func (e *Entry) Heat() uint8  { return e.heat & 0xf }
+func (e *Entry) Level() uint8 { return e.heat >> 4 }
+
+func (e *Entry) setHeat(h uint8)  { e.heat = e.heat&0xf0 | min(h, 15) }
+func (e *Entry) setLevel(l uint8) { e.heat = min(l, 15)<<4 | e.heat&0xf }
 
 type victim struct {
 	page uint64
@@ -124,7 +134,7 @@ type PageTable struct {
 	// this many pages (a power of two; 0 or 1: the victim alone). Set before use.
 	VictimBlock int
 	// MaxHeat bounds Entry.Heat: how many extra passes through the victim queue a page in use
-	// may earn (0: plain FIFO). Set before use.
+	// may earn (0: plain FIFO; at most 15). Set before use.
 	MaxHeat uint8
 	// LastStayGuess: a page read back is installed writable only if its last stay wrote it,
 	// never on the process's share (writeGuess). Set before use.
@@ -206,9 +216,18 @@ func (t *PageTable) Install(page uint64, d Dirt, slot backend.Slot) *Entry {
 	if e.Slot != 0 && e.Slot != slot {
 		t.slots.Release(e.Slot)
 	}
-	*e = Entry{State: Resident, Dirty: d != Clean, Guessed: d == GuessWritten, ReadBack: d != Written, Slot: slot, Seq: e.Seq + 1, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt, Sum: e.Sum}
+	*e = Entry{State: Resident, Dirty: d != Clean, Guessed: d == GuessWritten, ReadBack: d != Written, Slot: slot, Seq: e.Seq + 1, heat: e.heat, EvictedAt: e.EvictedAt, Sum: e.Sum}
 	t.fifo = append(t.fifo, victim{page, e.Seq})
 	return e
+}
+
+// Adopt records page, which the program touched before it was registered, as resident: it
+// was never farmem's, and only the kernel holds its content. If it is later found absent, the
+// kernel dropped it, and the kernel drops a private anonymous page only when the program asks
+// (a discard whose zap came after adopt read pagemap, a lazily freed page reclaimed), after
+// which it reads as zeros. Everything else that takes a page away raises an event first.
+func (t *PageTable) Adopt(page uint64) {
+	t.Install(page, Written, 0).Adopted = true
 }
 
 // Refaulted notes that the program faulted e's page back in (a demand fault on an evicted page,
@@ -222,11 +241,11 @@ func (t *PageTable) Install(page uint64, d Dirt, slot backend.Slot) *Entry {
 // page; a prefetched page, installed without a fault, earns nothing.
 func (t *PageTable) Refaulted(e *Entry) {
 	if t.evictions-e.EvictedAt <= uint32(t.mine) {
-		e.Level = min(e.Level+1, t.MaxHeat)
+		e.setLevel(min(e.Level()+1, t.MaxHeat))
 	} else {
-		e.Level = 0
+		e.setLevel(0)
 	}
-	e.Heat = e.Level
+	e.setHeat(e.Level())
 }
 
 // Discard forgets page: the program dropped it (REMOVE/UNMAP) and it reads as zeros again.
@@ -289,7 +308,8 @@ func (t *PageTable) evicted(e *Entry, slot backend.Slot) {
 	if e.ReadBack {
 		t.guess.stay(e.WasWritten)
 	}
-	e.State, e.Slot, e.Dirty, e.Guessed, e.ReadBack, e.Heat = Evicted, slot, false, false, false, 0 // a block mate may leave with heat left
+	e.State, e.Slot, e.Dirty, e.Guessed, e.ReadBack, e.Adopted = Evicted, slot, false, false, false, false
+	e.setHeat(0) // a block mate may leave with heat left
 	t.evictions++
 	e.EvictedAt = t.evictions
 }
@@ -394,8 +414,8 @@ func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 		if e == nil || e.State != Resident || e.Seq != v.seq {
 			continue
 		}
-		if e.Heat > 0 && passed < maxPassOver*n {
-			e.Heat-- // a second chance: back to the tail, for one pass less next time
+		if e.Heat() > 0 && passed < maxPassOver*n {
+			e.setHeat(e.Heat() - 1) // a second chance: back to the tail, for one pass less next time
 			t.fifo = append(t.fifo, v)
 			passed++
 			continue
@@ -454,7 +474,7 @@ func (t *PageTable) CloneFor() *PageTable {
 	c.pinLo, c.pinHi, c.VictimBlock, c.MaxHeat = t.pinLo, t.pinHi, t.VictimBlock, t.MaxHeat
 	c.staging, c.stagingEnd, c.evictions = t.staging, t.stagingEnd, t.evictions
 	for p, e := range t.pages {
-		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Slot: e.Slot, Heat: e.Heat, Level: e.Level, EvictedAt: e.EvictedAt, Sum: e.Sum}
+		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Slot: e.Slot, heat: e.heat, EvictedAt: e.EvictedAt, Sum: e.Sum}
 		switch e.State {
 		case Evicting:
 			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's

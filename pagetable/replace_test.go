@@ -187,7 +187,7 @@ func TestRefaultedEarnsPasses(t *testing.T) {
 		}
 		// Faulted back at once: 1 eviction since, 7 pages resident.
 		tb.Refaulted(tb.Install(hot, Written, 0))
-		if e := tb.Get(hot); e.Level != min(1, maxHeat) || e.Heat != e.Level {
+		if e := tb.Get(hot); e.Level() != min(1, maxHeat) || e.Heat() != e.Level() {
 			t.Fatalf("MaxHeat %d: after a quick re-fault %+v, want level and heat %d", maxHeat, e, min(1, maxHeat))
 		}
 		// Two pages come after it. With heat it is passed over once, and goes after them too.
@@ -213,7 +213,7 @@ func TestRefaultedEarnsPasses(t *testing.T) {
 			evictOne()
 		}
 		tb.Refaulted(tb.Install(hot, Written, 0))
-		if e := tb.Get(hot); e.Level != 0 || e.Heat != 0 {
+		if e := tb.Get(hot); e.Level() != 0 || e.Heat() != 0 {
 			t.Fatalf("MaxHeat %d: after a late re-fault %+v, want level 0", maxHeat, e)
 		}
 	}
@@ -228,7 +228,7 @@ func TestVictimsWhenAllHot(t *testing.T) {
 	for i := range uint64(n) {
 		p := 0x100000 + i*backend.PageSize
 		tb.Install(p, Written, 0)
-		tb.Get(p).Heat = 15
+		tb.Get(p).setHeat(15)
 	}
 	if v := tb.Victims(4, nil); len(v) != 4 {
 		t.Fatalf("%d victims, want 4", len(v))

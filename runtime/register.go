@@ -6,7 +6,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/uffd"
 )
@@ -95,13 +94,13 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 			}
 			if p.ours(page, (j-i)*PageSize) {
 				for q := i; q < j; q++ {
-					p.table.Install(page+(q-i)*PageSize, pagetable.Written, 0)
+					p.table.Adopt(page + (q-i)*PageSize)
 				}
 				adopted += int64(j - i)
 			} else {
 				for q := i; q < j; q++ { // the run crosses mappings, or holds one not ours
 					if pg := page + (q-i)*PageSize; p.ours(pg, PageSize) {
-						p.table.Install(pg, pagetable.Written, 0)
+						p.table.Adopt(pg)
 						adopted++
 					}
 				}
