@@ -474,7 +474,7 @@ func (t *PageTable) CloneFor() *PageTable {
 	c.pinLo, c.pinHi, c.VictimBlock, c.MaxHeat = t.pinLo, t.pinHi, t.VictimBlock, t.MaxHeat
 	c.staging, c.stagingEnd, c.evictions = t.staging, t.stagingEnd, t.evictions
 	for p, e := range t.pages {
-		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Slot: e.Slot, heat: e.heat, EvictedAt: e.EvictedAt, Sum: e.Sum}
+		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Adopted: e.Adopted, Slot: e.Slot, heat: e.heat, EvictedAt: e.EvictedAt, Sum: e.Sum}
 		switch e.State {
 		case Evicting:
 			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's
