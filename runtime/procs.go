@@ -92,12 +92,36 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 // If the parent had nothing registered (not armed yet, or only small mappings), no FORK event
 // comes: the child holds no evicted page and starts afresh on fd. The child's smaps tell the
 // two apart exactly: it has not run any code of its own yet (it says hello from its atfork
-// handler), so its registrations are still the ones fork copied, and its fork probe's.
+// handler), so its registrations are still the ones fork copied, and its fork probe's. They are
+// read only when neither settles it sooner: an event its probe claims is the child's, and a run
+// not armed now registered nothing before the fork (arming is for good, and comes before any
+// registration). Reading smaps walks the child's page tables: a millisecond for 64 MiB here, at
+// every fork.
 func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, error) {
-	inherited, err := inheritedRegistrations(pid, probe)
-	if err != nil {
+	var c *Process
+	if probe != 0 {
+		var err error
+		rt.mu.Lock()
+		if c, err = rt.claimForkLocked(probeOwner(probe)); c != nil {
+			rt.nameForkedLocked(c, pid)
+		}
+		rt.mu.Unlock()
+		if err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("fork child %d: %w", pid, err)
+		}
+	}
+	if c != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("fork child %d: %w", pid, err)
+		return rt.servedForked(c, pid), nil
+	}
+	inherited := false
+	if rt.Armed() {
+		var err error
+		if inherited, err = inheritedRegistrations(pid, probe); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("fork child %d: %w", pid, err)
+		}
 	}
 	if !inherited {
 		return rt.attach(pid, fd, ppid)
@@ -106,7 +130,8 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 	deadline := time.Now().Add(10 * time.Second)
 	// The queue may hold only events of children gone (exited, or forks that failed) while
 	// this child's own event, read already, is not in it yet: wait for one of a live child.
-	var parent, c *Process
+	var parent *Process
+	var err error
 	rt.mu.Lock()
 	for {
 		if probe != 0 {
@@ -116,7 +141,7 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 				return nil, fmt.Errorf("fork child %d: %w", pid, err)
 			}
 			if c != nil {
-				parent = c.forkParent
+				rt.nameForkedLocked(c, pid)
 				break
 			}
 		} else if parent = rt.byPid[ppid]; parent != nil && len(rt.forks[parent]) > 0 {
@@ -126,6 +151,7 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 				defer rt.retireGone(g)
 			}
 			if c != nil {
+				rt.nameForkedLocked(c, pid)
 				break
 			}
 		}
@@ -136,13 +162,23 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 		time.Sleep(200 * time.Microsecond)
 		rt.mu.Lock()
 	}
-	c.pid.Store(int32(pid))
-	c.forks.Store(parent.forks.Load())
-	rt.byPid[pid] = c
 	rt.mu.Unlock()
-	programAffinity(pid, parent) // undo a pinning it inherited; c already has the parent's
+	return rt.servedForked(c, pid), nil
+}
+
+// nameForkedLocked names c, a fork child served on its FORK event whose hello claimed it, by its
+// pid (rt.mu held, as when the claim took it out of the waiting events).
+func (rt *Runtime) nameForkedLocked(c *Process, pid int) {
+	c.pid.Store(int32(pid))
+	c.forks.Store(c.forkParent.forks.Load())
+	rt.byPid[pid] = c
+}
+
+// servedForked finishes serving c, named by nameForkedLocked: its placement and its exit watch.
+func (rt *Runtime) servedForked(c *Process, pid int) *Process {
+	programAffinity(pid, c.forkParent) // undo a pinning it inherited; c already has the parent's
 	rt.watchExit(c, pid)
-	return c, nil
+	return c
 }
 
 // inheritedRegistrations reports whether fork child pid holds ranges registered with a
