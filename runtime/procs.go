@@ -95,8 +95,8 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 // handler), so its registrations are still the ones fork copied, and its fork probe's. They are
 // read only when neither settles it sooner: an event its probe claims is the child's, and a run
 // not armed now registered nothing before the fork (arming is for good, and comes before any
-// registration). Reading smaps walks the child's page tables: a millisecond for 64 MiB here, at
-// every fork.
+// registration). Reading smaps walks the child's page tables, which costs in proportion to the
+// memory the child inherited, at every fork.
 func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, error) {
 	var c *Process
 	if probe != 0 {
