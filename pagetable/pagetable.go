@@ -84,8 +84,8 @@ type Entry struct {
 	// ReadBack: this stay began with the page read back on a read (installed Clean or on the
 	// guess): how it ends teaches the table's write guess (writeGuess). Not a correctness bit.
 	ReadBack bool
-	// Adopted: resident since adopt found it present, never installed, evicted or copied by
-	// farmem: the kernel alone has ever held its content (see Adopt).
+	// Adopted: resident since adopt found it present, and not evicted since: the kernel alone
+	// has held its content (see Adopt).
 	Adopted bool
 	// heat holds Heat and Level, four bits each (MaxHeat is at most 15): the entry stays 32
 	// bytes, and the table is most of farmem's own memory beside its store.
@@ -225,7 +225,8 @@ func (t *PageTable) Install(page uint64, d Dirt, slot backend.Slot) *Entry {
 // was never farmem's, and only the kernel holds its content. If it is later found absent, the
 // kernel dropped it, and the kernel drops a private anonymous page only when the program asks
 // (a discard whose zap came after adopt read pagemap, a lazily freed page reclaimed), after
-// which it reads as zeros. Everything else that takes a page away raises an event first.
+// which it reads as zeros. Whatever else takes a page away raises an event about it (UNMAP,
+// REMAP), which the fault path applies or waits for.
 func (t *PageTable) Adopt(page uint64) {
 	t.Install(page, Written, 0).Adopted = true
 }
