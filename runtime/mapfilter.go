@@ -188,8 +188,12 @@ func (rt *Runtime) serveNotifications(fd int) {
 		if err := seccomp.Receive(fd, &call); err != nil {
 			continue // ENOENT: the caller was interrupted meanwhile
 		}
-		if call.Data.Nr == unix.SYS_FORK || call.Data.Nr == unix.SYS_CLONE {
+		switch call.Data.Nr {
+		case unix.SYS_FORK, unix.SYS_CLONE:
 			go rt.serveFork(fd, call) // the server waits for the child
+			continue
+		case unix.SYS_EXECVE, unix.SYS_EXECVEAT:
+			go rt.serveExec(fd, call) // a vfork child's exec is watched
 			continue
 		}
 		// Each on its own: an agent round trip must not hold up other processes' calls, and a

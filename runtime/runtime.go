@@ -118,6 +118,8 @@ type Runtime struct {
 	procs map[*Process]bool       // protected by mu
 	byPid map[int]*Process        // protected by mu
 	forks map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent (live or retired), in fork order
+	// vforkExecs: the vfork children whose exec is watched (vforkexec.go). Protected by mu.
+	vforkExecs map[int]bool
 	// retiring counts retires between leaving procs and having released everything the
 	// process held (slots, fds). A process is live until then: the backend must outlive the
 	// last slot release, so Live and Close wait for these too. Protected by mu; retired is
@@ -146,7 +148,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		cfg: cfg, slots: pagetable.NewSlots(cfg.Backend), armPages: cfg.CapPages - armMargin(cfg.CapPages), start: time.Now(),
-		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{},
+		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{}, vforkExecs: map[int]bool{},
 		stop: make(chan struct{}),
 	}
 	rt.retired = sync.NewCond(&rt.mu)

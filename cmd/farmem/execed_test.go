@@ -140,6 +140,34 @@ func TestExecedStaticForks(t *testing.T) {
 	}
 }
 
+// spawnScript has python posix_spawn() its arguments (glibc's posix_spawn: a vfork child, sharing
+// python's memory until it exec's) and exit with the child's status.
+const spawnScript = `import os, sys
+pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))`
+
+// A served dynamic program that posix_spawn()s a static one: the vfork child's exec raises no
+// FORK event, says no hello and ends no control connection, and the mapping filter's hand-over
+// of the exec is what tells farmem of the new image. It is entered and held to the cap, its
+// data intact.
+func TestVforkExecedStaticServed(t *testing.T) {
+	py := need(t, "/usr/bin/python3")
+	prog := staticGo(t)
+	args := []string{"-c", spawnScript, prog, "128", "20000"}
+	// Natively through python too: its files are then in the page cache, which the run's memory
+	// cgroup would otherwise be charged for as python reads them (the cap does not cover it).
+	want := native(t, py, args...)
+	out, s, peaks, err := runSampled(t, append([]string{"run", "--local-mem", "32MiB", "--", py}, args...)...)
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if got := digestLine(t, out); got != want {
+		t.Fatalf("under farmem the spawned program printed\n%s\nnatively\n%s", got, want)
+	}
+	checkEntered(t, s)
+	checkCap(t, s, peaks, 32<<20)
+}
+
 // An image farmem cannot enter (another process traces it: a process has one tracer) runs on
 // untouched and right, without farmem, and farmem names it on stderr with the reason and counts
 // it, instead of keeping the old image in the run.

@@ -170,7 +170,9 @@ static long recv_msg(int s, void *buf, size_t len, int *fd)
  * -errno. With guard_forks it also hands the runtime every fork (fork, and clone without
  * CLONE_VM: a new mm; threads and vfork share this one), which it lets pass or refuses, and
  * fails clone3 with ENOSYS (its flags are in memory, out of a filter's sight; libcs then fall
- * back to clone, as they do under container runtimes' filters). It needs CAP_SYS_ADMIN (farmem runs as root) or no_new_privs, which we do not set: it
+ * back to clone, as they do under container runtimes' filters); and every execve and execveat,
+ * which it lets pass, noting one made by a vfork child (posix_spawn's), whose new image no
+ * control connection's end would tell it of. It needs CAP_SYS_ADMIN (farmem runs as root) or no_new_privs, which we do not set: it
  * would change what the program's own exec of a setuid binary does. */
 static long install_filter(uint64_t min_bytes, int guard_forks)
 {
@@ -187,6 +189,8 @@ static long install_filter(uint64_t min_bytes, int guard_forks)
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, FM_SYS_clone3, 0, 1),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 5, 0),                 /* -> notify */
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 4, 0),               /* -> notify */
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fork, 3, 0),                   /* -> notify */
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3),                  /* -> maps */
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(0, ARG_LO)),
