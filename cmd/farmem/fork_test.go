@@ -38,6 +38,34 @@ func TestStaticForkingThreads(t *testing.T) {
 	forkingThreads(t, bin)
 }
 
+// The same with forks made by a raw clone(SIGCHLD) system call, as some runtimes and sandboxes
+// make them: no atfork handler of the shim runs, in the parent (whose move_lock then holds no
+// batch back) or in the child (which never says hello, and is served on its FORK event alone).
+// Every child verifies its copy of every 8th page.
+func TestRawCloneForkingThreads(t *testing.T) {
+	var stderr syncBuffer
+	cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", attacheeBin(t), "32", "2", "0", "1")
+	cmd.Stderr = &stderr
+	a := startAttacheeCmd(t, cmd)
+	_, forks0, _ := a.check(t)
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, forks, bad := a.check(t)
+		if bad != 0 {
+			t.Fatalf("%d of the attachee's raw-clone children found a wrong page\n%s", bad, stderr.String())
+		}
+		if forks >= forks0+60 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the attachee forked %d times in 60 s\n%s", forks-forks0, stderr.String())
+		}
+	}
+	a.exit(t)
+	if s := stderr.String(); strings.Contains(s, "cannot serve") {
+		t.Fatalf("farmem:\n%s", s)
+	}
+}
+
 // forkingThreads runs attachee bin under farmem at 16 MiB with two forking threads, together
 // and beside a churning thread, until they forked 60 times each way, every child verifying its
 // copy.

@@ -345,16 +345,18 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
 }
 
 /* move_lock keeps a fork from copying the program's memory while the agent moves pages out of
- * it. fork copies the address space one mapping after another, each locked as it is reached,
- * while UFFDIO_MOVE locks only the two mappings it touches: a page moved from a program mapping
- * not yet copied into a staging area already copied is in neither of the child's copies, and
- * the child, whose page table says it was staged, would find it nowhere. The shim's atfork
- * prepare handler takes the lock and its parent and child handlers release it; the agent holds
- * it across each batch's moves, and moves nothing while a fork holds it (try_lock_moves). A fork
- * that the shim does not see (a raw clone, a static program's, whose forks the runtime enters
- * through the mapping filter) is not held back by it; the runtime holds back the moves of a
- * process whose fork it serves (Process.forkGate). A three-state futex lock (0 free, 1 held,
- * 2 held with waiters): the agent has no libc. */
+ * it. fork copies the address space one mapping after another: a page moved from a program
+ * mapping not yet copied into a staging area already copied would be in neither of the child's
+ * copies, and the child, whose page table says it was staged, would find it nowhere. The kernel
+ * keeps that from happening by how it locks mappings (a mapping fork copied stays locked until
+ * the copy is done, and a move that meets one waits: probes/forkmove.c); this lock keeps it from
+ * happening whatever the kernel's locking. The shim's atfork prepare handler takes the lock and
+ * its parent and child handlers release it; the agent holds it across each batch's moves, and
+ * moves nothing while a fork holds it (try_lock_moves). A fork that the shim does not see (a
+ * static program's, whose forks the runtime enters through the mapping filter) is not held back
+ * by it; the runtime holds back the moves of a process whose fork it serves (Process.forkGate);
+ * a raw clone of a dynamic program, by the kernel alone. A three-state futex lock (0 free,
+ * 1 held, 2 held with waiters): the agent has no libc. */
 static int move_lock;
 
 __attribute__((unused)) static void lock_moves(void) /* the shim's atfork handler; not the agent's */
