@@ -74,7 +74,8 @@ type Process struct {
 	// staging area already copied, would be in neither of the child's copies. The kernel's
 	// locking of mappings keeps a move out of the copy (probes/forkmove.c); this keeps it out
 	// whatever that locking, as the shim's atfork handler does for its own forks (the agent's
-	// move_lock), for a process without the shim (static, attached, an entered image).
+	// move_lock), for a process without the shim (static, attached, an entered image) and for a
+	// raw fork of one with it (RawFork).
 	forkGate sync.RWMutex
 
 	regMu      sync.Mutex

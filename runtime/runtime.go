@@ -55,6 +55,9 @@ type Config struct {
 	// Images, if set, enters the images processes of the run exec'd that do not load the shim
 	// (ControlEnded); nil: they run without farmem.
 	Images ImageServer
+	// RawForks, if set, enters the child of a raw fork (RawFork) of a process with the shim,
+	// whose atfork handler will not run in that child (serveFork); nil: let through.
+	RawForks ForkServer
 	// OnArm, if set, is called once when the run arms after it started unarmed, with the
 	// programs' anonymous memory then, from the RSS poll's goroutine (never a fault's).
 	OnArm func(anonBytes int64)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -130,3 +131,46 @@ func TestOrphanedForkChildServed(t *testing.T) {
 		}
 	}
 }
+
+// A raw clone's child is entered (the agent put in it at its birth, as a static program's fork
+// child is), so it dies with farmem: served on its FORK event alone, with no uffd or lifeline of
+// its own, it read zeros where its evicted pages were (its heap too: glibc's malloc asserted).
+// Unkilled, it reads every page back right.
+func TestRawCloneChildDiesWithFarmem(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "rawclone")
+	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
+		t.Fatalf("building rawclone: %v\n%s", err, b)
+	}
+	out := filepath.Join(dir, "child")
+	if b, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "0", out).CombinedOutput(); err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, b)
+	}
+	if b, _ := os.ReadFile(out); string(b) != "child ok\n" {
+		t.Fatalf("the raw clone's child under farmem wrote %q", b)
+	}
+	os.Remove(out)
+	cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "3", out)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
+		cmd.Process.Kill()
+		t.Fatalf("no child: %v", err)
+	}
+	cmd.Process.Kill() // while the child sleeps, its pages evicted
+	cmd.Wait()
+	if !exitsWithin(child, 10*time.Second) {
+		syscall.Kill(child, syscall.SIGKILL)
+		t.Fatalf("the raw clone's child %d still runs 10 s after farmem was killed", child)
+	}
+	if b, err := os.ReadFile(out); err == nil {
+		t.Fatalf("the raw clone's child outlived farmem and wrote %q", b)
+	}
+}
+

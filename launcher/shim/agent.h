@@ -353,10 +353,10 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
  * happening whatever the kernel's locking. The shim's atfork prepare handler takes the lock and
  * its parent and child handlers release it; the agent holds it across each batch's moves, and
  * moves nothing while a fork holds it (try_lock_moves). A fork that the shim does not see (a
- * static program's, whose forks the runtime enters through the mapping filter) is not held back
- * by it; the runtime holds back the moves of a process whose fork it serves (Process.forkGate);
- * a raw clone of a dynamic program, by the kernel alone. A three-state futex lock (0 free,
- * 1 held, 2 held with waiters): the agent has no libc. */
+ * static program's, or a raw fork system call, whose children the runtime enters through the
+ * mapping filter) is not held back by it; the runtime holds back the moves of a process whose
+ * fork it serves (Process.forkGate). A three-state futex lock (0 free, 1 held, 2 held with
+ * waiters): the agent has no libc. */
 static int move_lock;
 
 __attribute__((unused)) static void lock_moves(void) /* the shim's atfork handler; not the agent's */
