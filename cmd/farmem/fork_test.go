@@ -173,4 +173,3 @@ func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 		t.Fatalf("the raw clone's child outlived farmem and wrote %q", b)
 	}
 }
-
