@@ -67,6 +67,7 @@ func (rt *Runtime) ControlEnded(p *Process) {
 func (rt *Runtime) serveImage(pid int, old *Process, execed func() bool) {
 	deadline := time.Now().Add(newImageGrace)
 	expectHello := false
+	claimed := false
 	reason := "" // why the new image runs without farmem
 	for {
 		time.Sleep(execPoll)
@@ -90,6 +91,12 @@ func (rt *Runtime) serveImage(pid int, old *Process, execed func() bool) {
 				return // the memory lives on: not an exec
 			}
 			break // expected to say hello, and did not
+		}
+		if !claimed {
+			if !rt.claimImage(pid) {
+				return // served, or named, from another look at it (findUnseenImages)
+			}
+			claimed = true
 		}
 		if rt.cfg.Images == nil || rt.cfg.Images.SaysHello(pid) {
 			expectHello = true

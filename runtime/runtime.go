@@ -123,6 +123,9 @@ type Runtime struct {
 	forks map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent (live or retired), in fork order
 	// vforkExecs: the vfork children whose exec is watched (vforkexec.go). Protected by mu.
 	vforkExecs map[int]bool
+	// images: the exec'd images serveImage took on, by pid, each the vDSO's address in it (a
+	// new exec of that pid maps it elsewhere). Protected by mu.
+	images map[int]uint64
 	// retiring counts retires between leaving procs and having released everything the
 	// process held (slots, fds). A process is live until then: the backend must outlive the
 	// last slot release, so Live and Close wait for these too. Protected by mu; retired is
@@ -151,7 +154,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		cfg: cfg, slots: pagetable.NewSlots(cfg.Backend), armPages: cfg.CapPages - armMargin(cfg.CapPages), start: time.Now(),
-		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{}, vforkExecs: map[int]bool{},
+		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{}, vforkExecs: map[int]bool{}, images: map[int]uint64{},
 		stop: make(chan struct{}),
 	}
 	rt.retired = sync.NewCond(&rt.mu)

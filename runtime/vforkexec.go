@@ -25,7 +25,8 @@ import (
 // is named on stderr and counted.
 //
 // What it cannot see: an exec from a vfork child of a dynamic process before the run arms (such a
-// process installs its filter when the run arms), and one from a process that is not served.
+// process installs its filter when the run arms), which the rescan loop finds after
+// (unseenimages.go), and one from a process that is not served.
 
 // kcmpVM is KCMP_VM of linux/kcmp.h: whether two processes share one mm.
 const kcmpVM = 1

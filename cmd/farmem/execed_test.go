@@ -168,6 +168,28 @@ func TestVforkExecedStaticServed(t *testing.T) {
 	checkCap(t, s, peaks, 32<<20)
 }
 
+// The same before the run arms: python has no mapping filter yet (a dynamic process installs it
+// when the run arms), so nothing hands the exec over; the rescan loop finds the image among
+// python's children, enters it, and the run arms on its memory and holds it to the cap.
+func TestVforkExecedBeforeArmingServed(t *testing.T) {
+	py := need(t, "/usr/bin/python3")
+	prog := staticGo(t)
+	args := []string{"-c", spawnScript, prog, "160", "20000"}
+	want := native(t, py, args...)
+	out, s, peaks, err := runSampled(t, append([]string{"run", "--local-mem", "96MiB", "--", py}, args...)...)
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if got := digestLine(t, out); got != want {
+		t.Fatalf("under farmem the spawned program printed\n%s\nnatively\n%s", got, want)
+	}
+	if s.ArmedAtBytes == 0 {
+		t.Errorf("the run did not arm mid-run")
+	}
+	checkEntered(t, s)
+	checkCap(t, s, peaks, 96<<20)
+}
+
 // An image farmem cannot enter (another process traces it: a process has one tracer) runs on
 // untouched and right, without farmem, and farmem names it on stderr with the reason and counts
 // it, instead of keeping the old image in the run.
