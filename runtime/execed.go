@@ -67,7 +67,12 @@ func (rt *Runtime) ControlEnded(p *Process) {
 func (rt *Runtime) serveImage(pid int, old *Process, execed func() bool) {
 	deadline := time.Now().Add(newImageGrace)
 	expectHello := false
-	claimed := false
+	claimed, named := false, false
+	defer func() {
+		if claimed && !named {
+			rt.releaseImage(pid) // served, or gone: the claim need not outlive this
+		}
+	}()
 	reason := "" // why the new image runs without farmem
 	for {
 		time.Sleep(execPoll)
@@ -134,6 +139,7 @@ func (rt *Runtime) serveImage(pid int, old *Process, execed func() bool) {
 	if err != nil {
 		return // it exited meanwhile
 	}
+	named = true // and kept claimed: it runs on, unserved, and must not be named again
 	rt.Stats.Unserved.Add(1)
 	fmt.Fprintf(os.Stderr, "farmem: process %d exec'd %s, which did not load farmem's shim, and farmem could not enter it (%s): "+
 		"it runs without farmem, its memory not capped\n", pid, exe, reason)

@@ -315,7 +315,12 @@ const forkSweep = 100 * time.Millisecond
 func (rt *Runtime) retireSilentForkChildren(procs []evictor.Target) {
 	for _, tg := range procs {
 		p := tg.(*Process)
-		if p.Pid() == 0 && p.forkParent != nil && p.probe != 0 && memoryGone(p.fd, p.probe) {
+		if p.Pid() != 0 || p.forkParent == nil || p.probe == 0 || !p.Hold() {
+			continue
+		}
+		gone := memoryGone(p.fd, p.probe) // held: the uffd is not closed meanwhile
+		p.Release()
+		if gone {
 			rt.retireGone(p)
 		}
 	}

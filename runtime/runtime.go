@@ -123,8 +123,8 @@ type Runtime struct {
 	forks map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent (live or retired), in fork order
 	// vforkExecs: the vfork children whose exec is watched (vforkexec.go). Protected by mu.
 	vforkExecs map[int]bool
-	// images: the exec'd images serveImage took on, by pid, each the vDSO's address in it (a
-	// new exec of that pid maps it elsewhere). Protected by mu.
+	// images: the exec'd images serveImage is deciding on or named unserved, by pid, each the
+	// vDSO's address in it (a new exec of that pid maps it elsewhere). Protected by mu.
 	images map[int]uint64
 	// retiring counts retires between leaving procs and having released everything the
 	// process held (slots, fds). A process is live until then: the backend must outlive the

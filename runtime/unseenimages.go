@@ -68,3 +68,10 @@ func (rt *Runtime) claimImage(pid int) bool {
 	rt.images[pid] = v
 	return true
 }
+
+// releaseImage drops serveImage's claim on process pid's image.
+func (rt *Runtime) releaseImage(pid int) {
+	rt.mu.Lock()
+	delete(rt.images, pid)
+	rt.mu.Unlock()
+}
