@@ -19,6 +19,11 @@ import (
 // child's hello and starts its agent thread. The shim in the child keeps what it inherited, and
 // does nothing with it: its interposed mmap registers nothing in a process other than the one
 // that said hello on its connection, and makes the call where the mapping filter hands it over.
+//
+// Not seen: a raw fork of a process with no filter (a dynamic process before the run arms, when
+// nothing is registered, so that its child has nothing of farmem's and runs as any unserved
+// process; one that may not install a filter, running as another user, whose child is served on
+// its FORK event alone).
 
 // rawFork enters the child of the raw fork thread tid is about to make (runtime.ForkServer).
 func (s *imageServer) rawFork(tid int, proceed func() error) error {
