@@ -43,9 +43,9 @@ func TestStaticForkingThreads(t *testing.T) {
 
 // The same with forks made by a raw clone(SIGCHLD) system call, as some runtimes and sandboxes
 // make them: no atfork handler of the shim runs, in the parent (whose move_lock then holds no
-// batch back) or in the child (which never says hello, and is served on its FORK event alone).
-// Every child verifies its copy of every 8th page. A child gone without a hello is let go: farmem
-// holds no descriptor (its uffd) for each of the children that have come and gone.
+// batch back: the runtime's forkGate does) or in the child (which would never say hello: farmem
+// enters it at its birth). Every child verifies its copy of every 8th page. Every child gone is
+// let go: farmem holds no descriptor (its uffd) for each of the children that have come and gone.
 func TestRawCloneForkingThreads(t *testing.T) {
 	var stderr syncBuffer
 	cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", attacheeBin(t), "32", "2", "0", "1")
