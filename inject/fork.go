@@ -24,9 +24,12 @@ const forkWait = 10 * time.Second
 // call by whoever calls CatchFork: a seccomp user notification), lets tid go again once the
 // child exists, and returns the child as a Tracee of the calling thread, which must be locked
 // (see the package doc). A signal that stops tid meanwhile is delivered to it as it goes on.
-// If proceed fails, tid is let go and proceed's error returned.
+// If proceed fails, tid is let go and proceed's error returned. Should the caller's process die
+// before it lets them go, tid and the child are killed (PTRACE_O_EXITKILL, which the child
+// inherits): the child, let go by a dead tracer before farmem has put anything in it, would run
+// on without the lifeline that ends it with farmem, reading zeros where its evicted pages were.
 func CatchFork(tid int, proceed func() error) (*Tracee, error) {
-	const opts = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACECLONE
+	const opts = unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_EXITKILL
 	if _, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(tid), 0, opts, 0, 0); e != 0 {
 		return nil, fmt.Errorf("inject: PTRACE_SEIZE of thread %d: %w", tid, e)
 	}

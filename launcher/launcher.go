@@ -265,6 +265,9 @@ func newRuntime(o Options, say *announcer, noFilter bool, images runtime.ImageSe
 		// Said from a goroutine of its own: stderr may be slow to take it, and the RSS poll
 		// that armed the run must not wait on it.
 		OnArm: func(b int64) { go say.armed(b) }}
+	if s, ok := images.(*imageServer); ok {
+		cfg.RawForks = s.rawFork // rawfork.go
+	}
 	if o.Prefetch.WithDefaults().Name != prefetch.NameNone {
 		if err := o.Prefetch.Validate(); err != nil {
 			return nil, err

@@ -177,6 +177,28 @@ func Threads(pid int) ([]int, error) {
 	return out, nil
 }
 
+// Children returns the pids of pid's children: those each of its threads started (the kernel
+// lists a child under the thread that made it).
+func Children(pid int) ([]int, error) {
+	tids, err := Threads(pid)
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, tid := range tids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, tid))
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out, nil
+}
+
 // Tgid returns the process (thread group) thread tid belongs to.
 func Tgid(tid int) (int, error) { return statusInt(tid, "Tgid") }
 

@@ -2,6 +2,7 @@ package procfs
 
 import (
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"testing"
@@ -100,6 +101,20 @@ func TestThreads(t *testing.T) {
 	}
 	if r, err := UffdRanges(os.Getpid()); err != nil || len(r) != 0 {
 		t.Fatalf("UffdRanges of the test = %v, %v; want none", r, err)
+	}
+}
+
+// Children finds a child whichever thread started it (Go starts it from any).
+func TestChildren(t *testing.T) {
+	cmd := exec.Command("sleep", "10")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	kids, err := Children(os.Getpid())
+	if err != nil || !slices.Contains(kids, cmd.Process.Pid) {
+		t.Fatalf("Children = %v, %v; want %d among them", kids, err, cmd.Process.Pid)
 	}
 }
 

@@ -63,6 +63,7 @@ func (rt *Runtime) rescanLoop() {
 	anon := map[*Process]int64{}
 	statms := map[*Process]*procfs.Statm{}
 	reserve := evictor.NewBurstReserve(rt.cfg.CapPages)
+	var lastSweep time.Time // retireSilentForkChildren's and findUnseenImages's last look
 	defer func() {
 		for _, s := range statms {
 			s.Close()
@@ -87,6 +88,11 @@ func (rt *Runtime) rescanLoop() {
 		}
 		now := time.Now()
 		procs := rt.targets()
+		if now.Sub(lastSweep) >= forkSweep {
+			rt.retireSilentForkChildren(procs)
+			rt.findUnseenImages(procs)
+			lastSweep = now
+		}
 		var total int64
 		clear(anon)
 		for _, tg := range procs {

@@ -5,10 +5,12 @@
 //     the preload shim says hello with its userfaultfd (a fork child is served at its FORK event,
 //     before its hello, which names that event by the child's fork probe: forkclaim.go), retired
 //     when it exits. An image it exec's that does not load the shim is entered by the launcher
-//     (execed.go, ImageServer). A Process is
-//     the evictor's Target and its fetcher's Host: package fetcher serves its faults, package
-//     evictor takes its pages; the runtime holds what both must agree on (the cap, the uffd's
-//     life, the agent).
+//     (execed.go, ImageServer), and so is one a vfork child of it exec's, which the mapping
+//     filter tells of (vforkexec.go) or the rescan loop finds (unseenimages.go); a raw fork's
+//     child, which no atfork handler of the shim runs in, is entered too (Config.RawForks).
+//     A Process is the evictor's Target and its fetcher's Host: package fetcher serves its
+//     faults, package evictor takes its pages; the runtime holds what both must agree on (the
+//     cap, the uffd's life, the agent).
 //   - Arming (arm.go, poll.go, memcg.go): nothing is registered with userfaultfd until the
 //     programs' anonymous memory nears the cap, so a program that stays below it runs with no
 //     fault at all. A memory cgroup of the run's own says when (usageWatch), or, where there is

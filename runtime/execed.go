@@ -53,71 +53,96 @@ func (rt *Runtime) ControlEnded(p *Process) {
 	if pid == 0 || p.probe == 0 || !p.imageEnded.CompareAndSwap(false, true) {
 		return
 	}
-	go func() {
-		deadline := time.Now().Add(newImageGrace)
-		expectHello := false
-		reason := "" // why the new image runs without farmem
-		for {
-			time.Sleep(execPoll)
-			if rt.Lookup(pid) != p {
-				return // exited and retired, or a new image said hello
-			}
-			gone := memoryGone(p.fd, p.probe)
-			if gone && !expectHello && !execComplete(pid) {
-				// The old memory went as the exec passed its point of no return, before the
-				// new image's environment and auxiliary vector were set up: nothing can be
-				// told of it yet (and it cannot be frozen before the exec completes).
-				if time.Now().Before(deadline) {
-					continue
-				}
-			}
-			if !gone || expectHello {
-				if time.Now().Before(deadline) {
-					continue
-				}
-				if !gone {
-					return // the memory lives on: not an exec
-				}
-				break // expected to say hello, and did not
-			}
-			if rt.cfg.Images == nil || rt.cfg.Images.SaysHello(pid) {
-				expectHello = true
-				continue
-			}
-			// Decided on the image seen a moment ago; Enter looks again once it is frozen.
-			err := rt.cfg.Images.Enter(pid)
-			if err == nil {
-				rt.Stats.Entered.Add(1)
-				return
-			}
-			if errors.Is(err, ErrSaysHello) {
-				expectHello = true
-				continue
-			}
-			reason = err.Error()
-			break
+	go rt.serveImage(pid, p, func() bool { return memoryGone(p.fd, p.probe) })
+}
+
+// serveImage serves the image process pid exec'd, or names it: it says hello itself (then
+// Attach takes it), or it is entered (Config.Images), at once if it will not load the shim and
+// after newImageGrace if it was expected to and has not; one that cannot be entered runs without
+// farmem, named on stderr with the reason and counted (Stats.Unserved). old is the process of
+// the image it replaced (nil: a vfork child, which had none of its own), retired if the new
+// image cannot be entered; execed reports whether the exec happened (the old image's memory is
+// gone): until it does, for up to newImageGrace, nothing is decided, and if it never does, the
+// connection ended for another reason.
+func (rt *Runtime) serveImage(pid int, old *Process, execed func() bool) {
+	deadline := time.Now().Add(newImageGrace)
+	expectHello := false
+	claimed, named := false, false
+	defer func() {
+		if claimed && !named {
+			rt.releaseImage(pid) // served, or gone: the claim need not outlive this
 		}
-		if reason == "" && rt.cfg.Images != nil {
-			// Expected to say hello, and did not (a setuid loader that ignored the shim).
-			err := rt.cfg.Images.Enter(pid)
-			if err == nil {
-				rt.Stats.Entered.Add(1)
-				return
-			}
-			reason = err.Error()
-		}
-		if reason == "" {
-			reason = "farmem serves no exec'd image here"
-		}
-		rt.retire(p)
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if err != nil {
-			return // it exited meanwhile
-		}
-		rt.Stats.Unserved.Add(1)
-		fmt.Fprintf(os.Stderr, "farmem: process %d exec'd %s, which did not load farmem's shim, and farmem could not enter it (%s): "+
-			"it runs without farmem, its memory not capped\n", pid, exe, reason)
 	}()
+	reason := "" // why the new image runs without farmem
+	for {
+		time.Sleep(execPoll)
+		if rt.Lookup(pid) != old {
+			return // exited and retired, or a new image said hello
+		}
+		gone := execed()
+		if gone && !expectHello && !execComplete(pid) {
+			// The old memory went as the exec passed its point of no return, before the
+			// new image's environment and auxiliary vector were set up: nothing can be
+			// told of it yet (and it cannot be frozen before the exec completes).
+			if time.Now().Before(deadline) {
+				continue
+			}
+		}
+		if !gone || expectHello {
+			if time.Now().Before(deadline) {
+				continue
+			}
+			if !gone {
+				return // the memory lives on: not an exec
+			}
+			break // expected to say hello, and did not
+		}
+		if !claimed {
+			if !rt.claimImage(pid) {
+				return // served, or named, from another look at it (findUnseenImages)
+			}
+			claimed = true
+		}
+		if rt.cfg.Images == nil || rt.cfg.Images.SaysHello(pid) {
+			expectHello = true
+			continue
+		}
+		// Decided on the image seen a moment ago; Enter looks again once it is frozen.
+		err := rt.cfg.Images.Enter(pid)
+		if err == nil {
+			rt.Stats.Entered.Add(1)
+			return
+		}
+		if errors.Is(err, ErrSaysHello) {
+			expectHello = true
+			continue
+		}
+		reason = err.Error()
+		break
+	}
+	if reason == "" && rt.cfg.Images != nil {
+		// Expected to say hello, and did not (a setuid loader that ignored the shim).
+		err := rt.cfg.Images.Enter(pid)
+		if err == nil {
+			rt.Stats.Entered.Add(1)
+			return
+		}
+		reason = err.Error()
+	}
+	if reason == "" {
+		reason = "farmem serves no exec'd image here"
+	}
+	if old != nil {
+		rt.retire(old)
+	}
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return // it exited meanwhile
+	}
+	named = true // and kept claimed: it runs on, unserved, and must not be named again
+	rt.Stats.Unserved.Add(1)
+	fmt.Fprintf(os.Stderr, "farmem: process %d exec'd %s, which did not load farmem's shim, and farmem could not enter it (%s): "+
+		"it runs without farmem, its memory not capped\n", pid, exe, reason)
 }
 
 // execComplete reports whether process pid's image has its environment set up (the kernel sets

@@ -134,12 +134,16 @@ func (p *Process) InstallFilter() error {
 }
 
 // serveFork answers a fork the filter handed over: let through, unless the process has a fork
-// server (ServeForks), which enters the child or refuses the fork.
+// server (ServeForks), or it is a raw fork (RawFork) and the run has a server for those
+// (Config.RawForks): the server enters the child or refuses the fork.
 func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
 	p := rt.lookupThread(int(n.Pid))
 	var f *ForkServer
 	if p != nil {
 		f = p.forks.Load()
+		if f == nil && rt.cfg.RawForks != nil && RawFork(n.Data) {
+			f = &rt.cfg.RawForks
+		}
 	}
 	if f == nil {
 		seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
@@ -166,6 +170,17 @@ func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
 	}
 }
 
+// RawFork reports whether a fork the filter handed over (fork, or clone without CLONE_VM) is made
+// by the system call itself rather than by libc's fork(), which runs the shim's atfork handlers:
+// glibc's fork() clones with CLONE_CHILD_SETTID and CLONE_CHILD_CLEARTID (the child's thread id
+// kept in its thread descriptor), a raw clone(SIGCHLD) or fork system call does not. glibc's
+// _Fork() clones as fork() does and runs no handler: its child is taken for fork()'s, and is
+// served on its FORK event alone.
+func RawFork(call seccomp.Data) bool {
+	const libcFork = unix.CLONE_CHILD_SETTID | unix.CLONE_CHILD_CLEARTID
+	return call.Nr == unix.SYS_FORK || call.Nr == unix.SYS_CLONE && call.Args[0]&libcFork != libcFork
+}
+
 func (rt *Runtime) serveNotifications(fd int) {
 	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for {
@@ -188,8 +203,12 @@ func (rt *Runtime) serveNotifications(fd int) {
 		if err := seccomp.Receive(fd, &call); err != nil {
 			continue // ENOENT: the caller was interrupted meanwhile
 		}
-		if call.Data.Nr == unix.SYS_FORK || call.Data.Nr == unix.SYS_CLONE {
+		switch call.Data.Nr {
+		case unix.SYS_FORK, unix.SYS_CLONE:
 			go rt.serveFork(fd, call) // the server waits for the child
+			continue
+		case unix.SYS_EXECVE, unix.SYS_EXECVEAT:
+			go rt.serveExec(fd, call) // a vfork child's exec is watched
 			continue
 		}
 		// Each on its own: an agent round trip must not hold up other processes' calls, and a

@@ -71,9 +71,11 @@ type Process struct {
 	// forkGate is held for writing while a fork the filter handed over is served (serveFork),
 	// and tried for reading by each batch's move (Move), which moves nothing if a fork holds it.
 	// A page moved while fork copies the address space, from a mapping not yet copied into a
-	// staging area already copied, would be in neither of the child's copies: the shim's
-	// atfork handler keeps its own forks from meeting a move (the agent's move_lock), but a
-	// process without the shim (static, attached, an entered image) forks unseen by it.
+	// staging area already copied, would be in neither of the child's copies. The kernel's
+	// locking of mappings keeps a move out of the copy (probes/forkmove.c); this keeps it out
+	// whatever that locking, as the shim's atfork handler does for its own forks (the agent's
+	// move_lock), for a process without the shim (static, attached, an entered image) and for a
+	// raw fork of one with it (RawFork).
 	forkGate sync.RWMutex
 
 	regMu      sync.Mutex

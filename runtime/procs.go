@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/uffd"
@@ -337,6 +338,28 @@ func (rt *Runtime) retireLater(c *Process) {
 			rt.retire(c)
 		}
 	}()
+}
+
+// forkSweep is how often the rescan loop looks for fork children gone before any hello.
+const forkSweep = 100 * time.Millisecond
+
+// retireSilentForkChildren retires, among procs, the fork children served on their FORK event
+// that never said hello and whose memory is gone. A child forked by a raw clone system call
+// (no atfork handler runs in it) never says hello, and while its parent lives nothing else would
+// retire it: its uffd, fault thread and page table, whose resident pages count against the cap,
+// would stay for the whole run.
+func (rt *Runtime) retireSilentForkChildren(procs []evictor.Target) {
+	for _, tg := range procs {
+		p := tg.(*Process)
+		if p.Pid() != 0 || p.forkParent == nil || p.probe == 0 || !p.Hold() {
+			continue
+		}
+		gone := memoryGone(p.fd, p.probe) // held: the uffd is not closed meanwhile
+		p.Release()
+		if gone {
+			rt.retireGone(p)
+		}
+	}
 }
 
 // Pids returns the pids of the processes served.

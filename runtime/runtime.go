@@ -55,6 +55,9 @@ type Config struct {
 	// Images, if set, enters the images processes of the run exec'd that do not load the shim
 	// (ControlEnded); nil: they run without farmem.
 	Images ImageServer
+	// RawForks, if set, enters the child of a raw fork (RawFork) of a process with the shim,
+	// whose atfork handler will not run in that child (serveFork); nil: let through.
+	RawForks ForkServer
 	// OnArm, if set, is called once when the run arms after it started unarmed, with the
 	// programs' anonymous memory then, from the RSS poll's goroutine (never a fault's).
 	OnArm func(anonBytes int64)
@@ -118,6 +121,11 @@ type Runtime struct {
 	procs map[*Process]bool       // protected by mu
 	byPid map[int]*Process        // protected by mu
 	forks map[*Process][]*Process // protected by mu; fork children awaiting their hello, per parent (live or retired), in fork order
+	// vforkExecs: the vfork children whose exec is watched (vforkexec.go). Protected by mu.
+	vforkExecs map[int]bool
+	// images: the exec'd images serveImage is deciding on or named unserved, by pid, each the
+	// vDSO's address in it (a new exec of that pid maps it elsewhere). Protected by mu.
+	images map[int]uint64
 	// retiring counts retires between leaving procs and having released everything the
 	// process held (slots, fds). A process is live until then: the backend must outlive the
 	// last slot release, so Live and Close wait for these too. Protected by mu; retired is
@@ -146,7 +154,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		cfg: cfg, slots: pagetable.NewSlots(cfg.Backend), armPages: cfg.CapPages - armMargin(cfg.CapPages), start: time.Now(),
-		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{},
+		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{}, vforkExecs: map[int]bool{}, images: map[int]uint64{},
 		stop: make(chan struct{}),
 	}
 	rt.retired = sync.NewCond(&rt.mu)

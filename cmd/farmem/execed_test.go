@@ -140,6 +140,65 @@ func TestExecedStaticForks(t *testing.T) {
 	}
 }
 
+// spawnScript has python posix_spawn() its arguments (glibc's posix_spawn: a vfork child, sharing
+// python's memory until it exec's) and exit with the child's status.
+const spawnScript = `import os, sys
+pid = os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))`
+
+// A served dynamic program that spawns a static one from a vfork child: python's posix_spawn(),
+// and dash running a command that is not its last. The child's exec raises no FORK event, says no
+// hello and ends no control connection, and the mapping filter's hand-over of the exec is what
+// tells farmem of the new image. It is entered and held to the cap, its data intact.
+func TestVforkExecedStaticServed(t *testing.T) {
+	prog := staticGo(t)
+	for _, tc := range []struct {
+		name string
+		argv []string
+	}{
+		{"posix_spawn", []string{need(t, "/usr/bin/python3"), "-c", spawnScript, prog, "128", "20000"}},
+		{"dash", []string{need(t, "/usr/bin/dash"), "-c", prog + " 128 20000; true"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Natively through the spawner too: its files are then in the page cache, which the
+			// run's memory cgroup would otherwise be charged for as it reads them (the cap does
+			// not cover it).
+			want := native(t, tc.argv[0], tc.argv[1:]...)
+			out, s, peaks, err := runSampled(t, append([]string{"run", "--local-mem", "32MiB", "--"}, tc.argv...)...)
+			if err != nil {
+				t.Fatalf("under farmem: %v", err)
+			}
+			if got := digestLine(t, out); got != want {
+				t.Fatalf("under farmem the spawned program printed\n%s\nnatively\n%s", got, want)
+			}
+			checkEntered(t, s)
+			checkCap(t, s, peaks, 32<<20)
+		})
+	}
+}
+
+// The same before the run arms: python has no mapping filter yet (a dynamic process installs it
+// when the run arms), so nothing hands the exec over; the rescan loop finds the image among
+// python's children, enters it, and the run arms on its memory and holds it to the cap.
+func TestVforkExecedBeforeArmingServed(t *testing.T) {
+	py := need(t, "/usr/bin/python3")
+	prog := staticGo(t)
+	args := []string{"-c", spawnScript, prog, "160", "20000"}
+	want := native(t, py, args...)
+	out, s, peaks, err := runSampled(t, append([]string{"run", "--local-mem", "96MiB", "--", py}, args...)...)
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if got := digestLine(t, out); got != want {
+		t.Fatalf("under farmem the spawned program printed\n%s\nnatively\n%s", got, want)
+	}
+	if s.ArmedAtBytes == 0 {
+		t.Errorf("the run did not arm mid-run")
+	}
+	checkEntered(t, s)
+	checkCap(t, s, peaks, 96<<20)
+}
+
 // An image farmem cannot enter (another process traces it: a process has one tracer) runs on
 // untouched and right, without farmem, and farmem names it on stderr with the reason and counts
 // it, instead of keeping the old image in the run.

@@ -5,9 +5,12 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -36,6 +39,45 @@ func TestStaticForkingThreads(t *testing.T) {
 		t.Fatalf("building the musl attachee: %v\n%s", err, b)
 	}
 	forkingThreads(t, bin)
+}
+
+// The same with forks made by a raw clone(SIGCHLD) system call, as some runtimes and sandboxes
+// make them: no atfork handler of the shim runs, in the parent (whose move_lock then holds no
+// batch back: the runtime's forkGate does) or in the child (which would never say hello: farmem
+// enters it at its birth). Every child verifies its copy of every 8th page. Every child gone is
+// let go: farmem holds no descriptor (its uffd) for each of the children that have come and gone.
+func TestRawCloneForkingThreads(t *testing.T) {
+	var stderr syncBuffer
+	cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", attacheeBin(t), "32", "2", "0", "1")
+	cmd.Stderr = &stderr
+	a := startAttacheeCmd(t, cmd)
+	_, forks0, _ := a.check(t)
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, forks, bad := a.check(t)
+		if bad != 0 {
+			t.Fatalf("%d of the attachee's raw-clone children found a wrong page\n%s", bad, stderr.String())
+		}
+		if forks >= forks0+60 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the attachee forked %d times in 60 s\n%s", forks-forks0, stderr.String())
+		}
+	}
+	fds := 0
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid))
+		if fds = len(ents); err != nil || fds < 60 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("farmem holds %d descriptors after %d raw-clone children came and went", fds, 60)
+		}
+	}
+	a.exit(t)
+	if s := stderr.String(); strings.Contains(s, "cannot serve") {
+		t.Fatalf("farmem:\n%s", s)
+	}
 }
 
 // forkingThreads runs attachee bin under farmem at 16 MiB with two forking threads, together
@@ -87,5 +129,47 @@ func TestOrphanedForkChildServed(t *testing.T) {
 		if err != nil || string(out) != string(want) {
 			t.Fatalf("run %d under farmem: %v\n%s\nnative: %s", i, err, out, want)
 		}
+	}
+}
+
+// A raw clone's child is entered (the agent put in it at its birth, as a static program's fork
+// child is), so it dies with farmem: served on its FORK event alone, with no uffd or lifeline of
+// its own, it read zeros where its evicted pages were (its heap too: glibc's malloc asserted).
+// Unkilled, it reads every page back right.
+func TestRawCloneChildDiesWithFarmem(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "rawclone")
+	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
+		t.Fatalf("building rawclone: %v\n%s", err, b)
+	}
+	out := filepath.Join(dir, "child")
+	if b, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "0", out).CombinedOutput(); err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, b)
+	}
+	if b, _ := os.ReadFile(out); string(b) != "child ok\n" {
+		t.Fatalf("the raw clone's child under farmem wrote %q", b)
+	}
+	os.Remove(out)
+	cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "3", out)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
+		cmd.Process.Kill()
+		t.Fatalf("no child: %v", err)
+	}
+	cmd.Process.Kill() // while the child sleeps, its pages evicted
+	cmd.Wait()
+	if !exitsWithin(child, 10*time.Second) {
+		syscall.Kill(child, syscall.SIGKILL)
+		t.Fatalf("the raw clone's child %d still runs 10 s after farmem was killed", child)
+	}
+	if b, err := os.ReadFile(out); err == nil {
+		t.Fatalf("the raw clone's child outlived farmem and wrote %q", b)
 	}
 }

@@ -170,7 +170,9 @@ static long recv_msg(int s, void *buf, size_t len, int *fd)
  * -errno. With guard_forks it also hands the runtime every fork (fork, and clone without
  * CLONE_VM: a new mm; threads and vfork share this one), which it lets pass or refuses, and
  * fails clone3 with ENOSYS (its flags are in memory, out of a filter's sight; libcs then fall
- * back to clone, as they do under container runtimes' filters). It needs CAP_SYS_ADMIN (farmem runs as root) or no_new_privs, which we do not set: it
+ * back to clone, as they do under container runtimes' filters); and every execve and execveat,
+ * which it lets pass, noting one made by a vfork child (posix_spawn's), whose new image no
+ * control connection's end would tell it of. It needs CAP_SYS_ADMIN (farmem runs as root) or no_new_privs, which we do not set: it
  * would change what the program's own exec of a setuid binary does. */
 static long install_filter(uint64_t min_bytes, int guard_forks)
 {
@@ -187,6 +189,8 @@ static long install_filter(uint64_t min_bytes, int guard_forks)
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, FM_SYS_clone3, 0, 1),
 		BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 5, 0),                 /* -> notify */
+		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 4, 0),               /* -> notify */
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fork, 3, 0),                   /* -> notify */
 		BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3),                  /* -> maps */
 		BPF_STMT(BPF_LD | BPF_W | BPF_ABS, ARG(0, ARG_LO)),
@@ -341,16 +345,18 @@ static uint64_t make_staging(uint64_t bytes, uint64_t *err)
 }
 
 /* move_lock keeps a fork from copying the program's memory while the agent moves pages out of
- * it. fork copies the address space one mapping after another, each locked as it is reached,
- * while UFFDIO_MOVE locks only the two mappings it touches: a page moved from a program mapping
- * not yet copied into a staging area already copied is in neither of the child's copies, and
- * the child, whose page table says it was staged, would find it nowhere. The shim's atfork
- * prepare handler takes the lock and its parent and child handlers release it; the agent holds
- * it across each batch's moves, and moves nothing while a fork holds it (try_lock_moves). A fork
- * that the shim does not see (a raw clone, a static program's, whose forks the runtime enters
- * through the mapping filter) is not held back by it; the runtime holds back the moves of a
- * process whose fork it serves (Process.forkGate). A three-state futex lock (0 free, 1 held,
- * 2 held with waiters): the agent has no libc. */
+ * it. fork copies the address space one mapping after another: a page moved from a program
+ * mapping not yet copied into a staging area already copied would be in neither of the child's
+ * copies, and the child, whose page table says it was staged, would find it nowhere. The kernel
+ * keeps that from happening by how it locks mappings (a mapping fork copied stays locked until
+ * the copy is done, and a move that meets one waits: probes/forkmove.c); this lock keeps it from
+ * happening whatever the kernel's locking. The shim's atfork prepare handler takes the lock and
+ * its parent and child handlers release it; the agent holds it across each batch's moves, and
+ * moves nothing while a fork holds it (try_lock_moves). A fork that the shim does not see (a
+ * static program's, or a raw fork system call, whose children the runtime enters through the
+ * mapping filter) is not held back by it; the runtime holds back the moves of a process whose
+ * fork it serves (Process.forkGate). A three-state futex lock (0 free, 1 held, 2 held with
+ * waiters): the agent has no libc. */
 static int move_lock;
 
 __attribute__((unused)) static void lock_moves(void) /* the shim's atfork handler; not the agent's */

@@ -59,6 +59,10 @@
 #include "agent.h"
 
 static int state; /* 0 = not yet initialised, 1 = active, -1 = disabled (no FARMEM_SOCK) */
+/* hello_pid: the process that said hello on ctl. The child of a raw fork system call (no atfork
+ * handler runs in it) has its parent's ctl: farmem enters it with an agent of its own
+ * (launcher/rawfork.go), and its mappings are not this connection's to register (mmap). */
+static long hello_pid;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile int init_spin;
 
@@ -121,6 +125,7 @@ static void init(void)
 	int api_left;
 	if ((ufd = new_uffd(&features, &api_left)) < 0) die_runtime_lost();
 	if (hello(api_left ? API_LEFT : 0, features) < 0) { say("handshake with the farmem runtime failed"); die_runtime_lost(); }
+	hello_pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0);
 	/* The agent thread is started from the constructor, not here: init may run inside the
 	 * allocator's own first mmap (jemalloc), where pthread_create's allocation would deadlock
 	 * on the allocator's init lock. */
@@ -141,6 +146,7 @@ static void atfork_child(void)
 	pthread_mutex_init(&ctl_lock, NULL);
 	const char *path = getenv("FARMEM_SOCK");
 	fork_child_hello(path ? path : "");
+	hello_pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0);
 	start_agent();
 }
 
@@ -204,11 +210,18 @@ static void register_range(uint64_t addr, uint64_t len)
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (state == 0) init();
+	int registrable = state == 1 && (flags & MAP_ANONYMOUS) && (flags & (MAP_PRIVATE | MAP_SHARED)) == MAP_PRIVATE &&
+			  (prot & PROT_WRITE) && len >= min_map && !(flags & MAP_STACK);
+	if (registrable && raw6(SYS_getpid, 0, 0, 0, 0, 0, 0) != hello_pid) {
+		/* A raw fork's child (hello_pid): not exempt, so that the mapping filter hands the
+		 * call over, as it does a static program's. */
+		long r = raw6(SYS_mmap, (long)addr, len, prot, flags, fd, off);
+		if (r < 0 && r > -4096) { errno = -r; return MAP_FAILED; }
+		return (void *)r;
+	}
 	long r = exempt6(SYS_mmap, (long)addr, len, prot, flags, fd, off);
 	if (r < 0 && r > -4096) { errno = -r; return MAP_FAILED; }
-	if (state == 1 && (flags & MAP_ANONYMOUS) && (flags & (MAP_PRIVATE | MAP_SHARED)) == MAP_PRIVATE &&
-	    (prot & PROT_WRITE) && len >= min_map && !(flags & MAP_STACK))
-		register_range((uint64_t)r, (len + 4095) & ~4095UL);
+	if (registrable) register_range((uint64_t)r, (len + 4095) & ~4095UL);
 	return (void *)r;
 }
 void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) __attribute__((alias("mmap")));

@@ -8,15 +8,19 @@
  * With FORKERS > 0, that many threads fork for ever: each child verifies every 8th page,
  * rewrites a few and verifies them again (forks and rewrites take one lock), and exits 0, or 1 on a wrong page. With CHURN > 0, a
  * thread verifies and rewrites random pages for ever (pages come and go all the time); without
- * one, the forking threads fork at the same time ("write" must not be sent then).
- * usage: attachee MIB [FORKERS [CHURN]] */
+ * one, the forking threads fork at the same time ("write" must not be sent then). With RAW 1,
+ * the threads fork with a raw clone(SIGCHLD) system call rather than glibc's fork(): no atfork
+ * handler runs, in the parent or in the child (which touches nothing of glibc's but _exit).
+ * usage: attachee MIB [FORKERS [CHURN [RAW]]] */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,7 +32,7 @@ static uint32_t *gen;
 static size_t npages;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* the churn thread's pages and gen */
 static long forks, bad; /* atomics: several threads count */
-static int churners;
+static int churners, raw;
 
 static uint64_t mix(uint64_t x)
 {
@@ -59,7 +63,7 @@ static void *forker(void *arg)
 		/* Under the lock while pages are rewritten (CHURN, write): the child's copy never
 		 * holds a page half rewritten. Without a churn thread, forkers fork at the same time. */
 		if (churners) pthread_mutex_lock(&mu);
-		pid_t c = fork();
+		pid_t c = raw ? (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0) : fork();
 		if (c == 0) {
 			for (size_t p = 0; p < npages; p += 8)
 				if (!ok(p)) _exit(1);
@@ -103,12 +107,13 @@ static void *churn(void *arg)
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: attachee MIB [FORKERS [CHURN]]\n");
+		fprintf(stderr, "usage: attachee MIB [FORKERS [CHURN [RAW]]]\n");
 		return 2;
 	}
 	size_t bytes = strtoul(argv[1], 0, 10) << 20;
 	int forkers = argc > 2 ? atoi(argv[2]) : 0;
 	churners = argc > 3 ? atoi(argv[3]) : 0;
+	raw = argc > 4 && atoi(argv[4]) != 0;
 	npages = bytes / PAGE;
 	buf = mmap(0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	gen = calloc(npages, sizeof *gen);
