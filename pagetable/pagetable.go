@@ -470,12 +470,21 @@ func (t *PageTable) Requeue(page uint64) {
 // slot are shared with the child copy-on-write: one more reference each. Pages present in the
 // parent are present in the child too (the kernel copied them), still write-protected if they
 // were, so a clean parent page is a clean child page.
+//
+// It runs in the parent's fault thread while the child waits for its table, at every fork: the
+// entries are made in one allocation, and the slots retained under one lock.
 func (t *PageTable) CloneFor() *PageTable {
 	c := New(t.resident, t.slots)
 	c.pinLo, c.pinHi, c.VictimBlock, c.MaxHeat = t.pinLo, t.pinHi, t.VictimBlock, t.MaxHeat
 	c.staging, c.stagingEnd, c.evictions = t.staging, t.stagingEnd, t.evictions
+	c.pages = make(map[uint64]*Entry, len(t.pages))
+	c.fifo = make([]victim, 0, t.mine)
+	entries := make([]Entry, len(t.pages))
+	retained := make([]backend.Slot, 0, len(t.pages)-t.mine)
 	for p, e := range t.pages {
-		ce := &Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Adopted: e.Adopted, Slot: e.Slot, heat: e.heat, EvictedAt: e.EvictedAt, Sum: e.Sum}
+		ce := &entries[0]
+		entries = entries[1:]
+		*ce = Entry{State: e.State, Dirty: e.Dirty, Guessed: e.Guessed, Adopted: e.Adopted, Slot: e.Slot, heat: e.heat, EvictedAt: e.EvictedAt, Sum: e.Sum}
 		switch e.State {
 		case Evicting:
 			ce.State, ce.Dirty = Resident, true // present at fork; the parent's new copy is not the child's
@@ -492,7 +501,7 @@ func (t *PageTable) CloneFor() *PageTable {
 			// present (fork copied it before the zap): a WP fault then tells us (see fetcher).
 		}
 		if ce.Slot != 0 {
-			t.slots.Retain(ce.Slot)
+			retained = append(retained, ce.Slot)
 		}
 		c.pages[p] = ce
 		if ce.State == Resident {
@@ -500,6 +509,7 @@ func (t *PageTable) CloneFor() *PageTable {
 			c.fifo = append(c.fifo, victim{p, 0})
 		}
 	}
+	t.slots.RetainAll(retained)
 	return c
 }
 

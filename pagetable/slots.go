@@ -27,6 +27,15 @@ func (s *Slots) Retain(slot backend.Slot) {
 	s.mu.Unlock()
 }
 
+// RetainAll adds a reference to each of slots (a slot may appear more than once).
+func (s *Slots) RetainAll(slots []backend.Slot) {
+	s.mu.Lock()
+	for _, slot := range slots {
+		s.extra[slot]++
+	}
+	s.mu.Unlock()
+}
+
 // Release drops a reference to s, freeing it in the backend when it was the last.
 func (s *Slots) Release(slot backend.Slot) {
 	s.mu.Lock()

@@ -94,7 +94,8 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 // comes: the child holds no evicted page and starts afresh on fd. The child's smaps tell the
 // two apart exactly: it has not run any code of its own yet (it says hello from its atfork
 // handler), so its registrations are still the ones fork copied, and its fork probe's. They are
-// read only when neither settles it sooner: an event its probe claims is the child's, and a run
+// read only when neither settles it sooner: an event its probe claims is the child's (waited for
+// a moment when the parent has registrations, so that one is almost surely coming), and a run
 // not armed now registered nothing before the fork (arming is for good, and comes before any
 // registration). Reading smaps walks the child's page tables, which costs in proportion to the
 // memory the child inherited, at every fork.
@@ -115,6 +116,13 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 	if c != nil {
 		unix.Close(fd)
 		return rt.servedForked(c, pid), nil
+	}
+	if probe != 0 && rt.Armed() && rt.Lookup(ppid).hasRegistrations() {
+		// Its event is most likely being applied (the parent's table cloned) as it says hello.
+		if c = rt.claimSoon(probe, pid); c != nil {
+			unix.Close(fd)
+			return rt.servedForked(c, pid), nil
+		}
 	}
 	inherited := false
 	if rt.Armed() {
@@ -165,6 +173,38 @@ func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, erro
 	}
 	rt.mu.Unlock()
 	return rt.servedForked(c, pid), nil
+}
+
+// forkClaimWait is how long a fork child whose parent has registrations waits for its FORK event
+// to be queued before its smaps are read to tell whether one is coming: applying the event
+// clones the parent's page table, which takes longer the more pages it records.
+const forkClaimWait = 100 * time.Millisecond
+
+// claimSoon claims the FORK event the child with fork probe probe names, waiting up to
+// forkClaimWait for it to be queued; nil if none came (an error is left to the caller's own
+// claim, which meets it again).
+func (rt *Runtime) claimSoon(probe uint64, pid int) *Process {
+	for deadline := time.Now().Add(forkClaimWait); ; time.Sleep(200 * time.Microsecond) {
+		rt.mu.Lock()
+		c, err := rt.claimForkLocked(probeOwner(probe))
+		if c != nil {
+			rt.nameForkedLocked(c, pid)
+		}
+		rt.mu.Unlock()
+		if c != nil || err != nil || time.Now().After(deadline) {
+			return c
+		}
+	}
+}
+
+// hasRegistrations reports whether farmem has registered any range of p's (nil: no).
+func (p *Process) hasRegistrations() bool {
+	if p == nil {
+		return false
+	}
+	p.regMu.Lock()
+	defer p.regMu.Unlock()
+	return len(p.registered) > 0
 }
 
 // nameForkedLocked names c, a fork child served on its FORK event whose hello claimed it, by its
