@@ -3,9 +3,10 @@
 # --ops 184000 --get-ratio 0.95, 1000 B values, zipfian) under farmem run at a 31 MiB cap (50 %
 # of its 62 MiB native peak), rounds interleaved, one row per run on stdout (results/tcp/why.md).
 #
-# CONFIG is NAME:BINARY[:ENV]. A NAME starting with emb runs the embedded store; any other a fresh
-# ctrl and one memory server on loopback for each run (4 MiB slabs, as farmem-bench's
-# farmem-tcp), both from BINARY. ENV (VAR=VALUE, space-separated) is farmem run's environment.
+# CONFIG is NAME:BINARY[:ENV[:MEMSERVER FLAGS]]. A NAME starting with emb runs the embedded store;
+# any other a fresh ctrl and one memory server on loopback for each run (4 MiB slabs, as
+# farmem-bench's farmem-tcp), both from BINARY, the memory server with MEMSERVER FLAGS (e.g.
+# --spin 200us). ENV (VAR=VALUE, space-separated) is farmem run's environment.
 # Run as root from the repository root, with bin/redisdrive built (make build).
 set -u
 ROUNDS=$1; shift
@@ -17,16 +18,20 @@ trap '[ -n "${CTRLPID:-}" ] && kill $CTRLPID 2>/dev/null; [ -n "${MSPID:-}" ] &&
 printf "config\tcommit\tround\tops_per_sec\twall_s\tbackend_faults\tfault_p50_us\tfault_p99_us\tfault_sum_s\theld_s\tprefetch_issued\tprefetch_placed\tpages_in\n"
 for r in $(seq 1 $ROUNDS); do
 for c in "$@"; do
-  IFS=':' read -r name bin envs <<<"$c"
+  IFS=':' read -r name bin envs msflags <<<"$c"
   commit=$($bin version | sed -n 's/.*commit \([0-9a-f]*\).*/\1/p' | cut -c1-7)
   extra=()
   if [[ "$name" != emb* ]]; then
     SP=$(port); CP=$(port); rm -rf $W/state
     $bin ctrl --listen 127.0.0.1:$CP --state $W/state --token-file $W/token --slab-size 4MiB --dead-after 60s >$W/ctrl.log 2>&1 &
     CTRLPID=$!
-    $bin memserver --listen 127.0.0.1:$SP --capacity 4GiB --ctrl 127.0.0.1:$CP --token-file $W/token >$W/ms.log 2>&1 &
+    $bin memserver --listen 127.0.0.1:$SP --capacity 4GiB --ctrl 127.0.0.1:$CP --token-file $W/token ${msflags:-} >$W/ms.log 2>&1 &
     MSPID=$!
-    until $bin status --ctrl 127.0.0.1:$CP --token-file $W/token 2>/dev/null | grep -q "1 healthy of 1"; do sleep 0.2; done
+    for i in $(seq 100); do
+      $bin status --ctrl 127.0.0.1:$CP --token-file $W/token 2>/dev/null | grep -q "1 healthy of 1" && break
+      kill -0 $MSPID 2>/dev/null || { echo "the memory server of $c did not start:" >&2; cat $W/ms.log >&2; exit 1; }
+      sleep 0.2
+    done
     extra=(--ctrl 127.0.0.1:$CP --token-file $W/token)
   fi
   dd if=/dev/zero of=/dev/null bs=160M count=1 2>/dev/null
