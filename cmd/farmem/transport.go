@@ -98,13 +98,12 @@ const maxSpin = time.Millisecond
 
 // The default spins. A fault's read waits for its answer polling: the program is stopped on
 // the fault meanwhile, so the CPU would otherwise idle, and an idle vCPU woken by the answer
-// costs more than the answer. A memory server polls for a connection's next request longer
-// than nearly all of a faulting program's gaps between faults, which a program serving
-// requests spreads well past the mean, so that a program paging steadily finds its server's
-// thread awake, and sleeps once the program stops paging (results/tcp/why.md).
+// costs more than the answer. A memory server polls for a connection's next request a little
+// longer than a faulting program's usual gap between faults, so that a program paging
+// steadily finds its server's thread awake, and sleeps once the program stops paging.
 const (
 	defaultRunSpin    = 50 * time.Microsecond
-	defaultServerSpin = time.Millisecond
+	defaultServerSpin = 200 * time.Microsecond
 )
 
 // spinFlag is --spin: fabric's Spin, def by default. Polling avoids the wakeup of a sleeping
