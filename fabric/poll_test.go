@@ -136,3 +136,55 @@ func TestPollingRoundTrip(t *testing.T) {
 		t.Fatal("a read succeeded after the server closed")
 	}
 }
+
+// A one-page read (a fault's) does not wait for the pooled connections: with the pool's only
+// connection taken, as by an eviction batch's write in flight, it goes on the lane and reads
+// what was written. Close closes the lane's connection too.
+func TestOnePageReadTakesTheLane(t *testing.T) {
+	srv, addr := startServer(t, 100)
+	s := NewSessionID()
+	tr, err := DialTCP(addr, DialConfig{Token: testToken, Session: s, Conns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Create(grant(srv, 1, s, 8)); err != nil {
+		t.Fatal(err)
+	}
+	data := fill(7, 2)
+	if err := tr.Write([]Addr{{Slab: 1, Page: 0}, {Slab: 1, Page: 1}}, data); err != nil {
+		t.Fatal(err)
+	}
+	busy := <-tr.pool
+	done := make(chan error, 1)
+	go func() {
+		got := make([]byte, PageSize)
+		err := tr.Read([]Addr{{Slab: 1, Page: 1}}, got)
+		if err == nil && !bytes.Equal(got, data[PageSize:]) {
+			err = fmt.Errorf("page 1 came back with other bytes")
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a one-page read waited for the pool's only connection, which was busy")
+	}
+	tr.pool <- busy
+	tr.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		srv.connMu.Lock()
+		n := len(srv.conns)
+		srv.connMu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the client's connections are still open at the server after Close", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

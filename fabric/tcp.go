@@ -41,7 +41,8 @@ type DialConfig struct {
 	Token   Token
 	Session SessionID
 	// Conns is the number of connections kept to the server (default 2): one request each at a
-	// time, so it bounds the requests in flight to one server.
+	// time, so it bounds the requests in flight to one server. The tcp transport keeps one more
+	// for one-page reads (TCPClient's lane).
 	Conns int
 	// Timeout bounds connecting and every request (default 2s). A request that times out
 	// fails, and the caller tries another replica.
@@ -69,6 +70,13 @@ type TCPClient struct {
 	cfg      DialConfig
 	instance string
 	pool     chan *clientConn // Conns entries; nil: to be dialed on next use
+	// lane is one more connection, for one-page reads (a fault's; tcp only, else nil): such a
+	// read never waits for a pooled connection busy with an eviction batch's write or a
+	// prefetch batch, and the server's thread for it, serving little else, is usually still
+	// polling (ServerConfig.Spin) when the next fault's read comes, rather than asleep. A
+	// one-page read takes a pooled connection only while the lane is busy. One entry; nil: to
+	// be dialed on next use.
+	lane chan *clientConn
 }
 
 // DialTCP connects to the memory server at addr and authenticates. Its errors say what is wrong
@@ -90,6 +98,10 @@ func dialPool(network, addr string, cfg DialConfig) (*TCPClient, error) {
 	for i := 1; i < cfg.Conns; i++ {
 		t.pool <- nil
 	}
+	if network == "tcp" {
+		t.lane = make(chan *clientConn, 1)
+		t.lane <- nil
+	}
 	return t, nil
 }
 
@@ -103,6 +115,11 @@ func (t *TCPClient) Addr() string { return t.addr }
 func (t *TCPClient) Close() error {
 	for i := 0; i < t.cfg.Conns; i++ {
 		if c := <-t.pool; c != nil {
+			c.file.Close()
+		}
+	}
+	if t.lane != nil {
+		if c := <-t.lane; c != nil {
 			c.file.Close()
 		}
 	}
@@ -292,11 +309,32 @@ func (c *rawConn) poll() (int, error) {
 // do runs f on a pooled connection, dialing it if needed. A connection that failed is closed
 // and its place redialed on a later call.
 func (t *TCPClient) do(f func(c *clientConn) error) error {
-	c := <-t.pool
+	return t.doOn(false, f)
+}
+
+// doOn is do, on the lane if onePage and the lane is free (see TCPClient.lane).
+func (t *TCPClient) doOn(onePage bool, f func(c *clientConn) error) error {
+	var c *clientConn
+	from := t.pool
+	switch {
+	case !onePage || t.lane == nil:
+		c = <-t.pool
+	default:
+		select {
+		case c = <-t.lane:
+			from = t.lane
+		default:
+			select {
+			case c = <-t.lane:
+				from = t.lane
+			case c = <-t.pool:
+			}
+		}
+	}
 	if c == nil {
 		var err error
 		if c, err = t.dial(); err != nil {
-			t.pool <- nil
+			from <- nil
 			return err
 		}
 	}
@@ -304,13 +342,13 @@ func (t *TCPClient) do(f func(c *clientConn) error) error {
 	var re *RemoteError
 	if err != nil && !errors.As(err, &re) {
 		c.file.Close()
-		t.pool <- nil
+		from <- nil
 		if err == unix.EAGAIN {
 			return fmt.Errorf("the memory server at %s did not answer within %v", t.addr, t.cfg.Timeout)
 		}
 		return fmt.Errorf("memory server at %s: %w", t.addr, err)
 	}
-	t.pool <- c
+	from <- c
 	return err
 }
 
@@ -360,7 +398,7 @@ func (t *TCPClient) transfer(op Op, addrs []Addr, pages []byte, tc *TraceContext
 	if tc != nil && !tc.Valid() {
 		return fmt.Errorf("fabric: %v with a zero trace context", op)
 	}
-	return t.do(func(c *clientConn) error {
+	return t.doOn(op == OpRead && len(addrs) == 1, func(c *clientConn) error {
 		var flags uint32
 		if tc != nil {
 			tc.put(c.tc[:])

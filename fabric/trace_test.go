@@ -277,11 +277,9 @@ func TestClientRefusesFlaggedAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() { // a server that skips checking the hello and answers a read with a flag set
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
+	// A server that skips checking the hello and answers a read with a flag set, on every
+	// connection (a one-page read goes on a connection of its own: TCPClient's lane).
+	serve := func(c net.Conn) {
 		defer c.Close()
 		ch := challenge{Version: Version, Instance: "x"}
 		c.Write(frame(Header{Op: OpChallenge}, ch.encode()))
@@ -302,6 +300,15 @@ func TestClientRefusesFlaggedAnswer(t *testing.T) {
 			c.Write(answer(h))
 		}
 		readFull(c, hdr)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
 	}()
 	tr, err := DialTCP(ln.Addr().String(), DialConfig{Token: testToken, Session: NewSessionID(), Conns: 1})
 	if err != nil {

@@ -3,6 +3,7 @@ package fetcher
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -146,7 +147,25 @@ func New(cfg Config) (*Fetcher, error) {
 func (f *Fetcher) Start() {
 	go f.serve()
 	if f.prefetchQ != nil {
+		procsForWorkers(workers.Add(1))
 		go f.prefetchLoop()
+	}
+}
+
+// workers counts the fetchers running with a prefetch worker.
+var workers atomic.Int64
+
+// procsForWorkers gives the Go scheduler a P per fault thread that wakes a prefetch worker,
+// beyond one per CPU. A fault thread is locked to its OS thread and keeps its P across the
+// short system calls it makes one after another, and the worker its channel send readies is
+// queued on that P: with no P free to steal it from, it waited there until the runtime's
+// monitor thread (sysmon, which sleeps up to 10 ms when it finds nothing to do) took the P
+// back, while the program faulted on the very pages the batch was to bring
+// (results/tcp/why.md). The number only grows (a change stops the
+// world), and an idle P costs next to nothing.
+func procsForWorkers(n int64) {
+	if want := runtime.NumCPU() + int(n); runtime.GOMAXPROCS(0) < want {
+		runtime.GOMAXPROCS(want)
 	}
 }
 
@@ -159,6 +178,7 @@ func (f *Fetcher) Stop() {
 	<-f.done
 	if f.prefetchQ != nil {
 		close(f.prefetchQ) // the fault thread, its only sender, has ended
+		workers.Add(-1)
 	}
 	if f.cache != nil {
 		f.cache.forget(f)

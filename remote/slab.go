@@ -132,40 +132,54 @@ func (sl *slab) replicaOf(srv *server) int {
 	return -1
 }
 
-// readBatch reads the pages of slots (all in this slab) from the preferred ready copy in one
-// request and checks every page's sum.
-func (sl *slab) readBatch(slots []backend.Slot, dst []byte) error {
+// preferredCopy is the server of the slab's preferred ready copy, the one a batch reads.
+func (sl *slab) preferredCopy() (*server, error) {
 	sl.mu.RLock()
-	lost := sl.lost
+	defer sl.mu.RUnlock()
+	if sl.lost != nil {
+		return nil, sl.lost
+	}
 	var best *server
 	for _, r := range sl.replicas {
 		if r.usable() && (best == nil || preferred(r.srv, best)) {
 			best = r.srv
 		}
 	}
-	sl.mu.RUnlock()
-	if lost != nil {
-		return lost
-	}
 	if best == nil {
-		return fmt.Errorf("remote: no ready copy of slab %d", sl.id)
+		return nil, fmt.Errorf("remote: no ready copy of slab %d", sl.id)
 	}
+	return best, nil
+}
+
+// batchPage is a page of a batch read: its slab, its page there, and the server read from.
+type batchPage struct {
+	sl  *slab
+	pg  uint32
+	srv *server
+}
+
+// readRun reads pages, all from one server, into dst in one request and checks every page's
+// sum.
+func readRun(pages []batchPage, dst []byte) error {
 	var stack [32]fabric.Addr // a prefetch batch: no allocation
 	addrs := stack[:0]
-	for _, s := range slots {
-		if uint32(s) >= sl.pages {
-			return fmt.Errorf("%w %d", backend.ErrUnknownSlot, s)
-		}
-		addrs = append(addrs, fabric.Addr{Slab: sl.id, Page: uint32(s)})
+	for _, p := range pages {
+		addrs = append(addrs, fabric.Addr{Slab: p.sl.id, Page: p.pg})
 	}
-	if err := best.readMany(addrs, dst, nil); err != nil {
-		sl.goneFrom(best, err)
+	srv := pages[0].srv
+	if err := srv.readMany(addrs, dst, nil); err != nil {
+		// A server refuses the whole request when one of its slabs is gone, without saying
+		// which: only a run of one slab names it. Otherwise the caller's page-by-page loads
+		// find it.
+		if oneSlab(addrs) {
+			pages[0].sl.goneFrom(srv, err)
+		}
 		return err
 	}
-	for i, a := range addrs {
-		if crc32.Checksum(dst[i*backend.PageSize:(i+1)*backend.PageSize], crcTable) != sl.sums[a.Page].Load() {
-			best.corrupt.Add(1)
-			return fmt.Errorf("memory server %s returned page %d of slab %d with a wrong checksum", best.addr, a.Page, sl.id)
+	for i, p := range pages {
+		if crc32.Checksum(dst[i*backend.PageSize:(i+1)*backend.PageSize], crcTable) != p.sl.sums[p.pg].Load() {
+			srv.corrupt.Add(1)
+			return fmt.Errorf("memory server %s returned page %d of slab %d with a wrong checksum", srv.addr, p.pg, p.sl.id)
 		}
 	}
 	return nil

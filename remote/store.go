@@ -224,20 +224,32 @@ func (s *Store) LoadTraced(slot backend.Slot, dst []byte, tc backend.TraceContex
 	return backend.LoadedFrom{Server: srv.addr, Transport: srv.transportName(), Replica: sl.replicaOf(srv)}, nil
 }
 
-// LoadBatch implements backend.BatchLoader: each run of slots in one slab is one request to
-// that slab's preferred copy. Any failure (a server error, a page with a wrong checksum) fails
-// the batch: the caller then loads page by page, which fails over between copies.
+// LoadBatch implements backend.BatchLoader: each run of slots whose slabs' preferred copies
+// are on one server is one request to it, whatever their slabs. A prefetch batch's pages lie
+// in several slabs (freed slots are reused from any slab), and a request per slab would cost a
+// round trip each, one after the other, while the program runs on towards the pages being
+// fetched. Any failure (a server error, a page with a wrong checksum) fails the batch: the
+// caller then loads page by page, which fails over between copies.
 func (s *Store) LoadBatch(slots []backend.Slot, dst []byte) error {
-	for i := 0; i < len(slots); {
-		sl, _, err := s.slot(slots[i])
+	var stack [32]batchPage // a prefetch batch: no allocation
+	pages := stack[:0]
+	for _, slot := range slots {
+		sl, pg, err := s.slot(slot)
 		if err != nil {
 			return err
 		}
+		srv, err := sl.preferredCopy()
+		if err != nil {
+			return err
+		}
+		pages = append(pages, batchPage{sl, pg, srv})
+	}
+	for i := 0; i < len(pages); {
 		j := i + 1
-		for j < len(slots) && uint64(slots[j])>>32 == uint64(slots[i])>>32 {
+		for j < len(pages) && pages[j].srv == pages[i].srv {
 			j++
 		}
-		if err := sl.readBatch(slots[i:j], dst[i*backend.PageSize:j*backend.PageSize]); err != nil {
+		if err := readRun(pages[i:j], dst[i*backend.PageSize:j*backend.PageSize]); err != nil {
 			return err
 		}
 		i = j
