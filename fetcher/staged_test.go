@@ -47,6 +47,23 @@ func mapRegistered(t *testing.T, n int) (mem []byte, addr uint64, fd int) {
 	return mem, addr, fd
 }
 
+// serveSelf starts a fetcher serving the test's own faults on fd, with table tb and store be,
+// stopped when the test ends.
+func serveSelf(t *testing.T, fd int, tb *pagetable.PageTable, be backend.Backend) (*Fetcher, *selfHost, *Stats) {
+	t.Helper()
+	host, stats := &selfHost{}, &Stats{}
+	f, err := New(Config{UFFD: fd, Table: tb, Backend: be, Host: host, Stats: stats})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Start()
+	t.Cleanup(func() {
+		f.Stop()
+		f.Close()
+	})
+	return f, host, stats
+}
+
 // readByte reads b[0] on a goroutine of its own, through a pipe: the kernel's read of it, inside
 // write(2), takes the fault and waits there until the fetcher serves it. A Go load would wait in
 // user code, where the runtime could not stop that goroutine for a garbage collection, and the
@@ -79,7 +96,7 @@ func TestFaultOnStagedVictim(t *testing.T) {
 	progMem, prog, progFD := mapRegistered(t, n)
 	_, stage, stageFD := mapRegistered(t, n) // the agent's staging area, on a uffd of its own
 	be := backend.NewMemory()
-	defer be.Close()
+	t.Cleanup(func() { be.Close() }) // after the fetcher's, which serveSelf registers later
 	var resident atomic.Int64
 	tb := pagetable.New(&resident, pagetable.NewSlots(be))
 	tb.SetStaging(stage, stage+n*ps)
@@ -109,15 +126,7 @@ func TestFaultOnStagedVictim(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	host := &selfHost{}
-	var stats Stats
-	f, err := New(Config{UFFD: progFD, Table: tb, Backend: be, Host: host, Stats: &stats})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Start()
-	defer f.Close()
-	defer f.Stop()
+	f, host, stats := serveSelf(t, progFD, tb, be)
 
 	select {
 	case b := <-readByte(progMem[ps:]):

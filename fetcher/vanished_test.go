@@ -23,7 +23,7 @@ func TestVanishedPage(t *testing.T) {
 	const n = 2
 	mem, addr, fd := mapRegistered(t, n)
 	be := backend.NewMemory()
-	defer be.Close()
+	t.Cleanup(func() { be.Close() }) // after the fetcher's, which serveSelf registers later
 	var resident atomic.Int64
 	tb := pagetable.New(&resident, pagetable.NewSlots(be))
 	page := make([]byte, ps)
@@ -42,15 +42,7 @@ func TestVanishedPage(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	host := &selfHost{}
-	var stats Stats
-	f, err := New(Config{UFFD: fd, Table: tb, Backend: be, Host: host, Stats: &stats})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Start()
-	defer f.Close()
-	defer f.Stop()
+	_, host, stats := serveSelf(t, fd, tb, be)
 
 	select {
 	case b := <-readByte(mem):

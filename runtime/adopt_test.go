@@ -14,32 +14,39 @@ import (
 	"github.com/farmem/farmem/uffd"
 )
 
+// writtenRegistered maps n pages, writes i+1 into page i, and registers them on a new uffd (no
+// events: nobody reads them here); all undone when the test ends.
+func writtenRegistered(t *testing.T, n int) (mem []byte, start uint64, fd int) {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, n*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	for i := range n {
+		mem[i*PageSize] = byte(i + 1)
+	}
+	if fd, err = uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK); err != nil {
+		t.Skipf("userfaultfd: %v", err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if _, _, err := uffd.API(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	start = uint64(uintptr(unsafe.Pointer(&mem[0])))
+	if _, err := uffd.Register(fd, start, uint64(n)*PageSize, RegisterMode); err != nil {
+		t.Fatal(err)
+	}
+	return mem, start, fd
+}
+
 // A page of a registered range that a MAP_FIXED replaced, before the range's present pages were
 // adopted, is in a mapping nobody registered: adopting it would let it be evicted, and the
 // program would then read the kernel's zero page there instead of faulting. adopt takes every
 // present page of the registered mappings, and not that one.
 func TestAdoptTakesOnlyRegisteredPages(t *testing.T) {
 	const pages = 16
-	mem, err := unix.Mmap(-1, 0, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
-	for i := range pages {
-		mem[i*PageSize] = byte(i + 1)
-	}
-	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
-	if err != nil {
-		t.Skipf("userfaultfd: %v", err)
-	}
-	defer unix.Close(fd)
-	if _, _, err := uffd.API(fd, 0); err != nil { // no UNMAP events: nobody reads them here
-		t.Fatal(err)
-	}
-	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
-	if _, err := uffd.Register(fd, start, pages*PageSize, RegisterMode); err != nil {
-		t.Fatal(err)
-	}
+	mem, start, fd := writtenRegistered(t, pages)
 	// Page 5 replaced by a fresh mapping, written: present, and registered with nothing.
 	const replaced = 5
 	at := start + replaced*PageSize
@@ -85,26 +92,7 @@ func TestAdoptTakesOnlyRegisteredPages(t *testing.T) {
 // was read and its zap is still to come (it never comes: pages 3 and 4 stay present).
 func TestAdoptLeavesPagesBeingDiscarded(t *testing.T) {
 	const pages = 8
-	mem, err := unix.Mmap(-1, 0, pages*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
-	for i := range pages {
-		mem[i*PageSize] = byte(i + 1)
-	}
-	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
-	if err != nil {
-		t.Skipf("userfaultfd: %v", err)
-	}
-	defer unix.Close(fd)
-	if _, _, err := uffd.API(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
-	if _, err := uffd.Register(fd, start, pages*PageSize, RegisterMode); err != nil {
-		t.Fatal(err)
-	}
+	_, start, fd := writtenRegistered(t, pages)
 	var resident atomic.Int64
 	p := &Process{fd: fd, table: pagetable.New(&resident, pagetable.NewSlots(backend.NewMemory()))}
 	p.pid.Store(int32(os.Getpid()))

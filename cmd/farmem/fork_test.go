@@ -51,19 +51,7 @@ func TestRawCloneForkingThreads(t *testing.T) {
 	cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", attacheeBin(t), "32", "2", "0", "1")
 	cmd.Stderr = &stderr
 	a := startAttacheeCmd(t, cmd)
-	_, forks0, _ := a.check(t)
-	for end := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		_, forks, bad := a.check(t)
-		if bad != 0 {
-			t.Fatalf("%d of the attachee's raw-clone children found a wrong page\n%s", bad, stderr.String())
-		}
-		if forks >= forks0+60 {
-			break
-		}
-		if time.Now().After(end) {
-			t.Fatalf("the attachee forked %d times in 60 s\n%s", forks-forks0, stderr.String())
-		}
-	}
+	a.forkedRight(t, 60, &stderr)
 	fds := 0
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid))
@@ -90,24 +78,31 @@ func forkingThreads(t *testing.T, bin string) {
 			cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", bin, "32", "2", tc.churn)
 			cmd.Stderr = &stderr
 			a := startAttacheeCmd(t, cmd)
-			_, forks0, _ := a.check(t)
-			for end := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-				_, forks, bad := a.check(t)
-				if bad != 0 {
-					t.Fatalf("%d of the attachee's children found a wrong page\n%s", bad, stderr.String())
-				}
-				if forks >= forks0+60 {
-					break
-				}
-				if time.Now().After(end) {
-					t.Fatalf("the attachee forked %d times in 60 s\n%s", forks-forks0, stderr.String())
-				}
-			}
+			a.forkedRight(t, 60, &stderr)
 			a.exit(t)
 			if s := stderr.String(); strings.Contains(s, "fork child") || strings.Contains(s, "cannot serve") {
 				t.Fatalf("farmem:\n%s", s)
 			}
 		})
+	}
+}
+
+// forkedRight waits, up to a minute, until the attachee's forking threads have forked n more
+// times, failing the test as soon as one of its children (or rewrites) found a wrong page.
+func (a *attachee) forkedRight(t *testing.T, n int, stderr *syncBuffer) {
+	t.Helper()
+	_, forks0, _ := a.check(t)
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, forks, bad := a.check(t)
+		if bad != 0 {
+			t.Fatalf("%d of the attachee's children found a wrong page\n%s", bad, stderr.String())
+		}
+		if forks >= forks0+n {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the attachee forked %d times in 60 s\n%s", forks-forks0, stderr.String())
+		}
 	}
 }
 
