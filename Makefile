@@ -108,7 +108,7 @@ bench-floor: build bin/farmem-bench
 bench-swap-smoke: build bin/farmem-bench
 	ROUNDS=1 bin/farmem-bench -workloads micro-random,redis-etc -caps 50 -configs farmem,swap-zram -nopaging 0 -scale 0.5 -out /tmp/farmem-bench-swap-smoke
 	@$(MAKE) --no-print-directory swap-check
-bin/farmem-bench:
+bin/farmem-bench: $(wildcard workloads/bench/harness/*.go)
 	@mkdir -p bin
 	cd workloads/bench/harness && $(GO) vet . && $(GO) build -o ../../../bin/farmem-bench .
 # No swap, zram device or benchmark cgroup may outlive a benchmark.
