@@ -501,7 +501,11 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 		fmt.Fprintf(os.Stderr, "farmem: process %d: %v\n", m.Pid, err)
 		status = uint64(unix.EPROTO)
 	}
-	if c.send(msg{Type: msgHelloOK, A: status, B: rt.Config().MinRegister}, keep) != nil || err != nil {
+	armed := uint64(0)
+	if rt.Armed() {
+		armed = 1 // the shim waits for its agent to be attached (shim.c, start_agent)
+	}
+	if c.send(msg{Type: msgHelloOK, A: status, B: rt.Config().MinRegister, C: armed}, keep) != nil || err != nil {
 		return
 	}
 	for {

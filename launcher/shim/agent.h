@@ -36,8 +36,9 @@ static void fm_agent_ready(void);
 
 enum {
 	MSG_HELLO = 1,        /* shim->rt: a=ppid b=features c=flags(1=fork child); a fresh uffd attached */
-	MSG_HELLO_OK = 2,     /* rt->shim: a=status(0 ok, else errno) b=min mapping bytes to register; a fork
-			       * child's FORK-event uffd attached if it is served on that one */
+	MSG_HELLO_OK = 2,     /* rt->shim: a=status(0 ok, else errno) b=min mapping bytes to register c=1 if
+			       * the run is armed; a fork child's FORK-event uffd attached if it is served
+			       * on that one */
 	MSG_REGISTER = 3,     /* shim->rt: a=addr b=len */
 	MSG_REGISTER_OK = 4,  /* rt->shim: a=status */
 	MSG_AGENT_HELLO = 5,  /* shim->rt on the agent connection: a=tid */
@@ -458,6 +459,8 @@ static void reconcile_moves(uint64_t dst, uint8_t *status, int pages, const unsi
 /* ---- the process's handshake: its control connection, uffd and lifeline */
 static int ctl = -1, ufd = -1;
 static uint64_t min_map = 1 << 20;
+/* run_armed: the runtime's last HELLO_OK said the run is armed (registering mappings). */
+static int run_armed;
 
 /* make_lifeline returns the write end of a new pipe, for the runtime to hold, and keeps the read
  * end in lifeline, set to SIGKILL this process once no writer is left (O_ASYNC signals a pipe's
@@ -507,6 +510,7 @@ static int hello(uint64_t fork_child, uint64_t features)
 	if (recv_msg(ctl, &r, sizeof r, &fd) != sizeof r || r.type != MSG_HELLO_OK) return -1;
 	if (r.a) return -1;
 	if (r.b) min_map = r.b;
+	run_armed = r.c & 1;
 	if (fd >= 0) {
 		raw6(SYS_close, ufd, 0, 0, 0, 0, 0);
 		ufd = fd;
