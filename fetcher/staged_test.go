@@ -47,6 +47,31 @@ func mapRegistered(t *testing.T, n int) (mem []byte, addr uint64, fd int) {
 	return mem, addr, fd
 }
 
+// storeAndTable returns an embedded store, closed when the test ends (after the fetcher
+// serveSelf starts later, whose cleanup runs first), and an empty page table on it.
+func storeAndTable(t *testing.T) (*backend.Memory, *pagetable.PageTable) {
+	be := backend.NewMemory()
+	t.Cleanup(func() { be.Close() })
+	var resident atomic.Int64
+	return be, pagetable.New(&resident, pagetable.NewSlots(be))
+}
+
+// fillPages installs n pages from addr on fd, page k filled with k+1, and returns the buffer
+// they were copied from.
+func fillPages(t *testing.T, fd int, addr uint64, n int) []byte {
+	t.Helper()
+	page := make([]byte, ps)
+	for k := 0; k < n; k++ {
+		for i := range page {
+			page[i] = byte(k + 1)
+		}
+		if _, err := uffd.Copy(fd, addr+uint64(k)*ps, unsafe.Pointer(&page[0]), ps, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return page
+}
+
 // serveSelf starts a fetcher serving the test's own faults on fd, with table tb and store be,
 // stopped when the test ends.
 func serveSelf(t *testing.T, fd int, tb *pagetable.PageTable, be backend.Backend) (*Fetcher, *selfHost, *Stats) {
@@ -95,21 +120,11 @@ func TestFaultOnStagedVictim(t *testing.T) {
 	const n = 4
 	progMem, prog, progFD := mapRegistered(t, n)
 	_, stage, stageFD := mapRegistered(t, n) // the agent's staging area, on a uffd of its own
-	be := backend.NewMemory()
-	t.Cleanup(func() { be.Close() }) // after the fetcher's, which serveSelf registers later
-	var resident atomic.Int64
-	tb := pagetable.New(&resident, pagetable.NewSlots(be))
+	be, tb := storeAndTable(t)
 	tb.SetStaging(stage, stage+n*ps)
-
-	page := make([]byte, ps)
-	for k := 0; k < n; k++ {
-		for i := range page {
-			page[i] = byte(k + 1)
-		}
-		if _, err := uffd.Copy(progFD, prog+uint64(k)*ps, unsafe.Pointer(&page[0]), ps, 0); err != nil {
-			t.Fatal(err)
-		}
-		tb.Install(prog+uint64(k)*ps, pagetable.Written, 0)
+	page := fillPages(t, progFD, prog, n)
+	for k := uint64(0); k < n; k++ {
+		tb.Install(prog+k*ps, pagetable.Written, 0)
 	}
 
 	// Page 1, staged at index 2, moved there as the agent does.

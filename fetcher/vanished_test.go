@@ -2,14 +2,12 @@ package fetcher
 
 import (
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/uffd"
 )
@@ -22,19 +20,8 @@ import (
 func TestVanishedPage(t *testing.T) {
 	const n = 2
 	mem, addr, fd := mapRegistered(t, n)
-	be := backend.NewMemory()
-	t.Cleanup(func() { be.Close() }) // after the fetcher's, which serveSelf registers later
-	var resident atomic.Int64
-	tb := pagetable.New(&resident, pagetable.NewSlots(be))
-	page := make([]byte, ps)
-	for k := 0; k < n; k++ {
-		for i := range page {
-			page[i] = byte(k + 1)
-		}
-		if _, err := uffd.Copy(fd, addr+uint64(k)*ps, unsafe.Pointer(&page[0]), ps, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	be, tb := storeAndTable(t)
+	page := fillPages(t, fd, addr, n)
 	adopted, installed := addr, addr+ps
 	tb.Adopt(adopted)
 	tb.Install(installed, pagetable.Written, 0)
