@@ -101,24 +101,8 @@ func (rt *Runtime) forked(parent *Process, fd int, table *pagetable.PageTable) {
 // memory the child inherited, at every fork.
 func (rt *Runtime) AttachForked(pid, ppid, fd int, probe uint64) (*Process, error) {
 	var c *Process
-	if probe != 0 {
-		var err error
-		rt.mu.Lock()
-		if c, err = rt.claimForkLocked(probeOwner(probe)); c != nil {
-			rt.nameForkedLocked(c, pid)
-		}
-		rt.mu.Unlock()
-		if err != nil {
-			unix.Close(fd)
-			return nil, fmt.Errorf("fork child %d: %w", pid, err)
-		}
-	}
-	if c != nil {
-		unix.Close(fd)
-		return rt.servedForked(c, pid), nil
-	}
 	if probe != 0 && rt.Armed() && rt.Lookup(ppid).hasRegistrations() {
-		// Its event is most likely being applied (the parent's table cloned) as it says hello.
+		// Its event is most likely queued, or being applied (the parent's table cloned).
 		if c = rt.claimSoon(probe, pid); c != nil {
 			unix.Close(fd)
 			return rt.servedForked(c, pid), nil
