@@ -95,11 +95,11 @@ static void *agent_main(void *arg)
 
 /* start_agent starts the agent thread and, if the run is armed, waits until the runtime has
  * attached it. Until then an armed run has no mapping filter on this process, and what the
- * program mallocs meanwhile (glibc's internal mmaps: the torture's first arrays, 2.4 MB) would be
- * written unseen until the rescan finds it, past the cap; the wait is one round trip, once per
- * process. A run not armed registers nothing, and its arming rescans every process: its processes
- * (a fork child, an image exec'd, at every fork and exec of a program that makes processes) go on
- * at once, their agent attached meanwhile. */
+ * program mallocs meanwhile (glibc's internal mmaps) would be written unseen until the rescan
+ * finds it, past the cap; the wait is one round trip, once per process. A run not armed
+ * registers nothing, and its arming rescans every process: its processes (a fork child, an image
+ * exec'd, at every fork and exec of a program that makes processes) go on at once, their agent
+ * attached meanwhile. */
 static void start_agent(void)
 {
 	sem_init(&agent_ready, 0, 0);
