@@ -588,6 +588,17 @@ func TestClusterCtrlFailover(t *testing.T) {
 	c.waitRestored(c.servers[0])
 	d2 := addAndDrop(60000)
 	c.waitRestored(c.servers[0])
+	// An etcd member's death can stall etcd for its own election; on a loaded machine that can
+	// outlast the leader's lease, and the other live ctrl takes over. Both are right: the data
+	// must not notice either way.
+	_, now, err := c.statusFrom(strings.Join(live, ","))
+	if err != nil || !slices.Contains(live, now) {
+		t.Fatalf("status after an etcd member died: answered by %s, %v; want one of %v", now, err, live)
+	}
+	if now != second {
+		t.Logf("the leader %s lost its lease when the etcd member died: %s leads now", second, now)
+		second = now
+	}
 	c.checkStatusFromEvery(live, second, 3)
 
 	// The leader cut off from etcd places nothing: asked for a slab (a session of the test's
