@@ -174,8 +174,8 @@ func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
 // by the system call itself rather than by libc's fork(), which runs the shim's atfork handlers:
 // glibc's fork() clones with CLONE_CHILD_SETTID and CLONE_CHILD_CLEARTID (the child's thread id
 // kept in its thread descriptor), a raw clone(SIGCHLD) or fork system call does not. glibc's
-// _Fork() clones as fork() does and runs no handler: its child is taken for fork()'s, and is
-// served on its FORK event alone.
+// _Fork() clones as fork() does and runs no atfork handler: the shim interposes it and re-arms its
+// child itself.
 func RawFork(call seccomp.Data) bool {
 	const libcFork = unix.CLONE_CHILD_SETTID | unix.CLONE_CHILD_CLEARTID
 	return call.Nr == unix.SYS_FORK || call.Nr == unix.SYS_CLONE && call.Args[0]&libcFork != libcFork

@@ -127,44 +127,48 @@ func TestOrphanedForkChildServed(t *testing.T) {
 	}
 }
 
-// A raw clone's child is entered (the agent put in it at its birth, as a static program's fork
-// child is), so it dies with farmem: served on its FORK event alone, with no uffd or lifeline of
-// its own, it read zeros where its evicted pages were (its heap too: glibc's malloc asserted).
-// Unkilled, it reads every page back right.
+// A fork child no atfork handler runs in is served with a uffd and lifeline of its own, so it
+// dies with farmem. A raw clone's child is entered (the agent put in it at its birth, as a static
+// program's fork child is); glibc's _Fork() child re-arms itself in the shim's _Fork. Served on
+// its FORK event alone, with no uffd or lifeline of its own, such a child read zeros where its
+// evicted pages were (a raw clone's: its heap too, where glibc's malloc asserted). Unkilled, it
+// reads every page back right.
 func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 	dir := t.TempDir()
 	prog := filepath.Join(dir, "rawclone")
 	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
 		t.Fatalf("building rawclone: %v\n%s", err, b)
 	}
-	out := filepath.Join(dir, "child")
-	if b, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "0", out).CombinedOutput(); err != nil {
-		t.Fatalf("farmem run: %v\n%s", err, b)
-	}
-	if b, _ := os.ReadFile(out); string(b) != "child ok\n" {
-		t.Fatalf("the raw clone's child under farmem wrote %q", b)
-	}
-	os.Remove(out)
-	cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "3", out)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var child int
-	if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
-		cmd.Process.Kill()
-		t.Fatalf("no child: %v", err)
-	}
-	cmd.Process.Kill() // while the child sleeps, its pages evicted
-	cmd.Wait()
-	if !exitsWithin(child, 10*time.Second) {
-		syscall.Kill(child, syscall.SIGKILL)
-		t.Fatalf("the raw clone's child %d still runs 10 s after farmem was killed", child)
-	}
-	if b, err := os.ReadFile(out); err == nil {
-		t.Fatalf("the raw clone's child outlived farmem and wrote %q", b)
+	for _, how := range []string{"clone", "_Fork"} {
+		out := filepath.Join(dir, "child-"+how)
+		if b, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "0", out, how).CombinedOutput(); err != nil {
+			t.Fatalf("%s: farmem run: %v\n%s", how, err, b)
+		}
+		if b, _ := os.ReadFile(out); string(b) != "child ok\n" {
+			t.Fatalf("%s: the child under farmem wrote %q", how, b)
+		}
+		os.Remove(out)
+		cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "3", out, how)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var child int
+		if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
+			cmd.Process.Kill()
+			t.Fatalf("%s: no child: %v", how, err)
+		}
+		cmd.Process.Kill() // while the child sleeps, its pages evicted
+		cmd.Wait()
+		if !exitsWithin(child, 10*time.Second) {
+			syscall.Kill(child, syscall.SIGKILL)
+			t.Fatalf("%s: the child %d still runs 10 s after farmem was killed", how, child)
+		}
+		if b, err := os.ReadFile(out); err == nil {
+			t.Fatalf("%s: the child outlived farmem and wrote %q", how, b)
+		}
 	}
 }

@@ -53,52 +53,20 @@ size_t strlen(const char *s)
  * fork child) stopped until the agent is attached and its filter installed. */
 static void fm_agent_ready(void) {}
 
-__attribute__((used, noreturn)) void fm_agent_thread(void)
+/* fm_agent_thread is the agent thread: it starts with every signal blocked (clone_thread), so the
+ * program's handlers never run on it. */
+__attribute__((noreturn)) static void fm_agent_thread(void)
 {
-	/* The program's handlers must not run here. Until this, a signal for the process could be
-	 * delivered to this thread; in the program farmem started, no handler is installed yet (the
-	 * program has not run), so its default action is the process's whichever thread takes it; in
-	 * a fork child the new thread inherits the forking thread's mask, and farmem holds the child
-	 * stopped until the agent has said hello. */
-	uint64_t all = ~0ULL;
-	raw6(SYS_rt_sigprocmask, SIG_BLOCK, (long)&all, 0, sizeof all, 0, 0);
 	agent_sock = connect_path(fm_params.sock);
 	if (agent_sock < 0) die_runtime_lost();
 	agent_serve(fm_params.mem, fm_params.mem_len);
 	for (;;) raw6(SYS_exit, 0, 0, 0, 0, 0, 0);
 }
 
-/* fm_clone_thread starts the agent thread on its stack (fm_agent_thread never returns there) and
- * returns its id, or -errno. */
-long fm_clone_thread(long flags, uint64_t stack);
-__asm__(".text\n"
-	".hidden fm_clone_thread\n"
-	"fm_clone_thread:\n"
-	"	mov $56, %eax\n"              /* SYS_clone: flags in rdi, stack in rsi */
-	"	xor %edx, %edx\n"
-	"	xor %r10d, %r10d\n"
-	"	xor %r8d, %r8d\n"
-	"	syscall\n"
-	"	test %rax, %rax\n"
-	"	jnz 1f\n"
-	"	xor %ebp, %ebp\n"             /* the new thread, on its own stack */
-	"	and $-16, %rsp\n"
-	"	call fm_agent_thread\n"
-	"1:	ret\n");
-
 /* spawn_agent starts the agent thread with every signal blocked from its first instruction: in a
  * process farmem attached to, the program's handlers are installed, and while farmem holds every
- * other thread stopped the new thread is the only one a signal for the process can go to. The
- * calling thread's mask is put back after. */
-static long spawn_agent(void)
-{
-	uint64_t all = ~0ULL, old = 0;
-	raw6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&old, sizeof all, 0, 0);
-	long tid = fm_clone_thread(CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM,
-				   fm_params.stack_top);
-	raw6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, sizeof old, 0, 0);
-	return tid;
-}
+ * other thread stopped the new thread is the only one a signal for the process can go to. */
+static long spawn_agent(void) { return clone_thread(fm_params.stack_top, fm_agent_thread); }
 
 /* fm_start: in the program farmem started, stopped before its first instruction: farmem has made
  * its uffd and lifeline (fm_params) and attached it; start the agent thread. */

@@ -734,4 +734,39 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 		if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 	}
 }
+
+/* clone_thread starts fn on the stack whose top is stack_top, as a thread of this process with
+ * every signal blocked from its first instruction, and returns its id, or -errno. It is how an
+ * agent thread starts where pthread_create cannot be called: in the injected agent, which has no
+ * libc (agent.c), and in the child of glibc's _Fork(), where only async-signal-safe calls may be
+ * made (shim.c). The thread has no TLS of its own (it runs on the caller's thread pointer, which
+ * agent_serve never reads) and no libc state: fn never returns, and ends the thread with exit. The
+ * calling thread's signal mask is put back after. */
+__attribute__((visibility("hidden"))) long clone_thread_asm(long flags, uint64_t stack, void (*fn)(void));
+__asm__(".text\n"
+	".hidden clone_thread_asm\n"
+	"clone_thread_asm:\n"
+	"	mov %rdx, %r9\n"              /* fn: clone leaves r9 alone in both threads */
+	"	mov $56, %eax\n"              /* SYS_clone: flags in rdi, stack in rsi */
+	"	xor %edx, %edx\n"
+	"	xor %r10d, %r10d\n"
+	"	xor %r8d, %r8d\n"
+	"	syscall\n"
+	"	test %rax, %rax\n"
+	"	jnz 1f\n"
+	"	xor %ebp, %ebp\n"             /* the new thread, on its own stack */
+	"	and $-16, %rsp\n"
+	"	call *%r9\n"
+	"	ud2\n"
+	"1:	ret\n");
+
+__attribute__((unused)) static long clone_thread(uint64_t stack_top, void (*fn)(void))
+{
+	uint64_t all = ~0ULL, old = 0;
+	raw6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&old, sizeof all, 0, 0);
+	long tid = clone_thread_asm(CLONE_VM | CLONE_FS | CLONE_FILES | CLONE_SIGHAND | CLONE_THREAD | CLONE_SYSVSEM,
+				    stack_top, fn);
+	raw6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&old, 0, sizeof old, 0, 0);
+	return tid;
+}
 #endif

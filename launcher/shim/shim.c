@@ -12,8 +12,9 @@
  *      (the runtime cannot take another process's pages itself: process_madvise(DONTNEED) of
  *      another process is EINVAL, and so is UFFDIO_MOVE issued from another process; of the caller
  *      itself both are allowed, and process_madvise is how the agent drops a batch at once);
- *   4. re-arms itself in a fork child: the inherited uffd points at the parent's mm, so it is
- *      closed and a fresh one sent in the child's HELLO. If the parent had ranges registered, the
+ *   4. re-arms itself in a fork child, fork()'s (atfork handler) or _Fork()'s (interposed): the
+ *      inherited uffd points at the parent's mm, so it is closed and a fresh one sent in the
+ *      child's HELLO. If the parent had ranges registered, the
  *      child's belong to the uffd the kernel handed the runtime in the FORK event instead, which
  *      the runtime sends back as the child's keep-alive copy;
  *   5. when the runtime arms, installs (from the agent thread, for every thread: TSYNC) a seccomp
@@ -66,11 +67,11 @@ static long hello_pid;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 static volatile int init_spin;
 
-static int connect_rt(void)
-{
-	const char *path = getenv("FARMEM_SOCK");
-	return path ? connect_path(path) : -1;
-}
+/* sock_path: FARMEM_SOCK as the program started, kept where a fork child can read it without
+ * getenv (the program may change its environment; a _Fork() child may not call getenv). */
+static char sock_path[108];
+
+static int connect_rt(void) { return connect_path(sock_path); }
 
 static sem_t agent_ready; /* posted on MSG_AGENT_READY; start_agent waits for it */
 static void fm_agent_ready(void) { sem_post(&agent_ready); }
@@ -121,7 +122,10 @@ static void init(void)
 	while (__atomic_exchange_n(&init_spin, 1, __ATOMIC_ACQUIRE)) ;
 	if (state != 0) goto out;
 	state = -1;
-	if (!getenv("FARMEM_SOCK")) goto out;
+	const char *path = getenv("FARMEM_SOCK");
+	if (!path) goto out;
+	size_t n = strlen(path);
+	memcpy(sock_path, path, n < sizeof sock_path ? n : sizeof sock_path - 1);
 	ctl = connect_rt();
 	if (ctl < 0) { say("cannot reach the farmem runtime (FARMEM_SOCK)"); die_runtime_lost(); }
 	uint64_t features;
@@ -142,15 +146,66 @@ out:
 static void atfork_prepare(void) { lock_moves(); }
 static void atfork_parent(void) { unlock_moves(); }
 
-static void atfork_child(void)
+/* rearm_child: 4., in a fork child, with the shim active: the child's own hello, uffd and
+ * lifeline (fork_child_hello), and an agent thread of its own. */
+static void rearm_child(void)
 {
 	__atomic_store_n(&move_lock, 0, __ATOMIC_RELEASE); /* the child's agent is not the parent's */
-	if (state != 1) return;
 	pthread_mutex_init(&ctl_lock, NULL);
-	const char *path = getenv("FARMEM_SOCK");
-	fork_child_hello(path ? path : "");
+	fork_child_hello(sock_path);
 	hello_pid = raw6(SYS_getpid, 0, 0, 0, 0, 0, 0);
+}
+
+static void atfork_child(void)
+{
+	if (state != 1) {
+		__atomic_store_n(&move_lock, 0, __ATOMIC_RELEASE);
+		return;
+	}
+	rearm_child();
 	start_agent();
+}
+
+/* glibc's _Fork() is fork() without the atfork handlers, for where only async-signal-safe calls
+ * may be made (a signal handler; the child of a multithreaded process, which every process with
+ * the shim is). glibc's own fork() calls it internally, not through here. Its child is re-armed
+ * as fork()'s is, with what is safe there: raw system calls, and an agent thread started as the
+ * injected agent starts its own (clone_thread), not with pthread_create, which may wait in the
+ * child on a lock a thread of the parent held at the fork. Not re-armed, the child would be served
+ * on its FORK event alone, its evicted pages held by a uffd only farmem has: farmem's death
+ * would leave it reading zeros where they were. */
+static pid_t (*next_Fork)(void);
+static uint64_t child_agent_stack; /* a _Fork() child's agent stack: [stack, stack+AGENT_STACK) */
+#define AGENT_STACK (64 << 10)
+
+static void child_agent_main(void)
+{
+	agent_sock = connect_rt();
+	if (agent_sock < 0) die_runtime_lost();
+	agent_serve(child_agent_stack, AGENT_STACK);
+	for (;;) raw6(SYS_exit, 0, 0, 0, 0, 0, 0);
+}
+
+pid_t _Fork(void)
+{
+	if (!next_Fork) next_Fork = (pid_t (*)(void))dlsym(RTLD_NEXT, "_Fork");
+	if (!next_Fork) { errno = ENOSYS; return -1; }
+	if (state != 1) return next_Fork();
+	lock_moves();
+	pid_t pid = next_Fork();
+	if (pid != 0) {
+		unlock_moves();
+		return pid;
+	}
+	rearm_child();
+	long stk = exempt6(SYS_mmap, 0, AGENT_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+	if (stk < 0 && stk > -4096) die_runtime_lost();
+	child_agent_stack = stk;
+	sem_init(&agent_ready, 0, 0);
+	if (clone_thread(stk + AGENT_STACK, child_agent_main) < 0) die_runtime_lost();
+	while (run_armed && sem_wait(&agent_ready) != 0 && errno == EINTR)
+		;
+	return 0;
 }
 
 /* 6. The program's own affinity, from when it started (a fork child keeps its parent's). Cleared
@@ -198,6 +253,7 @@ __attribute__((constructor)) static void ctor(void)
 	if (state == 0) init();
 	if (state == 1) start_agent();
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+	next_Fork = (pid_t (*)(void))dlsym(RTLD_NEXT, "_Fork"); /* here: dlsym is not async-signal-safe */
 }
 
 static void register_range(uint64_t addr, uint64_t len)

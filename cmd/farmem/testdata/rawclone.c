@@ -1,8 +1,9 @@
 /* rawclone: fills MIB MiB with data it can verify, forks with a raw clone(SIGCHLD) system call (no
- * atfork handler runs, in the parent or the child), and prints "forked PID". The child waits
- * SECONDS, verifies every page, and writes "child ok" or "child BAD N" (N pages wrong) to OUT;
- * the parent waits for it and exits with its status.
- * usage: rawclone MIB SECONDS OUT */
+ * atfork handler runs, in the parent or the child), or with glibc's _Fork() when the fourth
+ * argument is _Fork (no handler runs either), and prints "forked PID". The child waits SECONDS,
+ * verifies every page, and writes "child ok" or "child BAD N" (N pages wrong) to OUT; the parent
+ * waits for it and exits with its status.
+ * usage: rawclone MIB SECONDS OUT [_Fork] */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>
@@ -21,14 +22,14 @@ static uint64_t word(size_t i) { return i * 0x9e3779b97f4a7c15ULL + 1; }
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: rawclone MIB SECONDS OUT\n");
+		fprintf(stderr, "usage: rawclone MIB SECONDS OUT [_Fork]\n");
 		return 2;
 	}
 	size_t n = strtoul(argv[1], 0, 10) << 20;
 	uint64_t *b = mmap(0, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (b == MAP_FAILED) return 2;
 	for (size_t i = 0; i < n / 8; i += 512) b[i] = word(i);
-	long pid = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+	long pid = argc > 4 && !strcmp(argv[4], "_Fork") ? _Fork() : syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
 	if (pid == 0) {
 		/* Raw system calls only: the child's libc state is its parent's thread's. */
 		struct timespec ts = { atoi(argv[2]), 0 };
