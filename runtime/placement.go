@@ -2,39 +2,43 @@ package runtime
 
 import (
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/procfs"
 )
 
-// placement keeps a process's fault thread on the CPU of the thread that faults, and, while
-// one thread of the program does the faulting, keeps that thread there too.
+// placement keeps a process's fault thread on the CPU of the thread that faults, and, while the
+// process pages, keeps the threads that fault there too.
 //
 // A wakeup across CPUs costs far more than a userfaultfd round trip on one CPU on these machines
 // (docs/DESIGN.md, "Latency": the idle CPU must be interrupted out of the hypervisor). When the
 // faulting thread and the fault thread share a CPU, the fault switches straight to the fault
 // thread and back, with no interrupt. So every checkEvery faults the fault thread looks up where
-// the last faulting thread runs (/proc) and moves itself there; with several faulting threads it
-// follows the latest, which is the one that faults most often.
+// the last faulting thread runs (/proc) and moves itself there, unless it holds program threads
+// on its CPU already.
 //
 // Following is not enough: a program left free still ran on both CPUs by turns, and its faults
 // went slow; pinned where it ran, it paged several times as fast (results/eviction.md, "Where
 // the program runs"). So from the second check on, the faulting thread is pinned to its CPU as
-// well. That is undone, and never done again in this process, as soon as a second thread
-// faults: the threads of a program that faults from several are left where the kernel puts them.
+// well. A program that faults from several threads (a JVM's collector, a server's workers) is
+// the same: its threads on the fault thread's CPU paged faster than its threads free on both
+// (results/gather.md). But holding several threads on one CPU takes away their parallelism,
+// which is worth more than the wakeups saved unless the process pages hard; so which threads
+// are held is gather's decision, by the rate at which the process faults.
 //
 // Pinning is inherited by what the pinned thread starts; farmem undoes that where each is born.
 // A new thread gets the program's own affinity from the shim's pthread_create (unless the
 // program set an affinity itself). A fork child, and a new image after an exec, get it back
-// here when they attach (programAffinity). When the pinning ends, release gives every thread
+// here when they attach (programAffinity). When the holding ends, release gives every thread
 // held to a CPU farmem pinned to the program's affinity again (orig). A program thread that the
 // program itself pinned to such a CPU is widened too: the price of not tracking its own calls.
 //
-// A program that stops paging gets its thread back: pinned, it could not be balanced away
-// from a CPU other work needs. After quietSpell with no fault, the pinned thread gets the
+// A program that stops paging gets its threads back: pinned, they could not be balanced away
+// from a CPU other work needs. After quietSpell with no fault, the held threads get the
 // program's affinity again (quiet, called from the fault thread's loop through Process.Idle);
-// if it faults again, the next check pins it anew.
+// if the program faults again, the next check holds anew.
 //
 // The shim's agent thread goes to the same CPU. It is ours, not the program's: it only runs
 // evictions, and a drop it makes blocks in the kernel until the fault thread reads the REMOVE
@@ -45,11 +49,11 @@ type placement struct {
 	agent  int32 // the agent thread last pinned to cpu; 0 = none
 	// orig is the program's own affinity, set before the fault thread starts and never
 	// changed: fewer than two CPUs (or unknown: empty) means nothing to pin.
-	orig   unix.CPUSet
-	pinned int  // the program thread farmem pinned; 0 = none
-	shared bool // a second thread has faulted: the program is left where it runs
-	// seen is faults when quiet last saw them change, at quietSince (nanotime): while pinned,
-	// a spell of quietSpell with no new fault unpins.
+	orig      unix.CPUSet
+	gather    gather // which program threads are held on cpu
+	checkedAt int64  // monotonic ns of the last check
+	// seen is faults when quiet last saw them change, at quietSince (nanotime): while threads
+	// are held, a spell of quietSpell with no new fault releases them.
 	seen       int
 	quietSince int64
 	// used has bit c set once farmem pinned a program thread to CPU c (< 64): what a fork
@@ -59,16 +63,16 @@ type placement struct {
 
 const checkEvery = 512
 
-// quietSpell is how long a pinned thread may go without a fault before it is unpinned: long
+// quietSpell is how long a held thread may go without a fault before it is released: long
 // enough that a program paging steadily never sees it (its faults come every few
 // microseconds to milliseconds), short enough that one done with paging is soon free again.
 const quietSpell = 1_000_000_000 // ns
 
 // quiet runs on the fault thread at each turn of its loop with no fault pending while a thread
-// is pinned, and the loop's poll then wakes at least every quietSpell/2 (serve): it unpins the
-// thread after quietSpell without a fault.
-func (pl *placement) quiet(now int64) {
-	if pl.pinned == 0 {
+// is held, and the loop's poll then wakes at least every quietSpell/2 (serve): it releases the
+// held threads after quietSpell without a fault.
+func (pl *placement) quiet(pid, agent int, now int64) {
+	if len(pl.gather.held) == 0 {
 		return
 	}
 	if pl.faults != pl.seen {
@@ -78,58 +82,75 @@ func (pl *placement) quiet(now int64) {
 	if now-pl.quietSince < quietSpell {
 		return
 	}
-	unix.SchedSetaffinity(pl.pinned, &pl.orig) // a thread that exited meanwhile: ESRCH
-	pl.pinned = 0
+	pl.gather.quiet()
+	pl.release(pid, agent)
 }
 
 func newPlacement() placement { return placement{cpu: -1} }
+
+// monoStart makes checkedAt monotonic nanoseconds: time.Since reads the monotonic clock.
+var monoStart = time.Now()
 
 // fault notes a fault by tid of process pid, whose agent thread is agent (0: none yet); it
 // runs on the fault thread.
 func (pl *placement) fault(pid, tid int, agent int32) {
 	pl.faults++
+	if tid != int(agent) && pl.gather.fault(tid) {
+		pl.hold(tid)
+	}
 	if pl.faults%checkEvery != 1 || pid == 0 {
 		return
 	}
-	cpu, err := procfs.ThreadCPU(pid, tid)
-	if err != nil {
-		return
-	}
-	var set unix.CPUSet
-	set.Set(cpu)
-	if cpu != pl.cpu {
-		if unix.SchedSetaffinity(0, &set) != nil {
+	now := int64(time.Since(monoStart))
+	window := time.Duration(now - pl.checkedAt)
+	pl.checkedAt = now
+	if len(pl.gather.held) == 0 { // else the threads that fault are held where the fault thread is
+		cpu, err := procfs.ThreadCPU(pid, tid)
+		if err != nil {
 			return
 		}
-		pl.cpu, pl.agent = cpu, 0
+		if cpu != pl.cpu {
+			var set unix.CPUSet
+			set.Set(cpu)
+			if unix.SchedSetaffinity(0, &set) != nil {
+				return
+			}
+			pl.cpu, pl.agent = cpu, 0
+		}
 	}
+	var set unix.CPUSet
+	set.Set(pl.cpu)
 	// A fork child's agent is a new thread; an agent that exited is ESRCH, retried next time.
 	if agent != 0 && agent != pl.agent && unix.SchedSetaffinity(int(agent), &set) == nil {
 		pl.agent = agent
 	}
 	// Not at the first check: a fork child starts on its parent's CPU, and the kernel should
-	// have a moment to place it before it is held there.
-	if pl.faults > checkEvery {
-		pl.pinProgram(pid, tid, cpu, agent, &set)
+	// have a moment to place it before it is held there. The agent is ours, pinned above; its
+	// rare faults say nothing of the program.
+	if pl.faults <= checkEvery || pl.orig.Count() < 2 || tid == int(agent) {
+		return
+	}
+	hold, release := pl.gather.check(tid, window)
+	if release {
+		pl.release(pid, int(agent))
+	}
+	if hold {
+		pl.hold(tid)
 	}
 }
 
-// pinProgram pins thread tid, which faulted on cpu, while it is the only one that faults.
-func (pl *placement) pinProgram(pid, tid, cpu int, agent int32, set *unix.CPUSet) {
-	if pl.orig.Count() < 2 || pl.shared || tid == int(agent) {
-		return // the agent is ours, pinned above; its rare faults say nothing of the program
-	}
-	if pl.pinned != 0 && pl.pinned != tid {
-		pl.shared = true
-		pl.release(pid, int(agent))
+// hold pins program thread tid to the fault thread's CPU.
+func (pl *placement) hold(tid int) {
+	if pl.cpu < 0 {
 		return
 	}
-	if unix.SchedSetaffinity(tid, set) != nil {
-		return // exited meanwhile
+	var set unix.CPUSet
+	set.Set(pl.cpu)
+	if unix.SchedSetaffinity(tid, &set) != nil {
+		return // exited meanwhile; gather forgets it at the next release
 	}
-	pl.pinned = tid
-	if cpu < 64 {
-		pl.used.Or(1 << cpu)
+	if pl.cpu < 64 {
+		pl.used.Or(1 << pl.cpu)
 	}
 }
 

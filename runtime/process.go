@@ -284,10 +284,10 @@ func (p *Process) PrefetchRoom() int64 { return p.rt.evictor.HighWater() - p.rt.
 // Idle implements fetcher.Host: while a program thread is pinned, the fault thread looks at
 // least twice a quiet spell, so that a thread done with paging is unpinned (placement.quiet).
 func (p *Process) Idle(now int64) time.Duration {
-	if p.place.pinned == 0 {
+	if len(p.place.gather.held) == 0 {
 		return 0
 	}
-	p.place.quiet(now)
+	p.place.quiet(p.Pid(), int(p.agentTid.Load()), now)
 	return quietSpell / 2
 }
 

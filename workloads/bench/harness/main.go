@@ -55,6 +55,7 @@ type workload struct {
 // A config is one way of running a workload at one cap.
 type config struct {
 	kind     string // native, farmem, swap, floor
+	before   bool   // farmem: run the -before build instead of bin/farmem
 	prefetch string // farmem: the --prefetch value ("" = farmem's default)
 	remote   string // farmem: "" (the embedded store), or tcp or shm (a memory server on this host)
 	swap     string // swap: zram or file
@@ -67,6 +68,9 @@ func (c config) name() string {
 		return "native"
 	case "farmem":
 		n := "farmem"
+		if c.before {
+			return "farmem-before"
+		}
 		if c.remote != "" {
 			n += "-" + c.remote
 		}
@@ -131,6 +135,9 @@ var (
 	commit     string
 	swapScript = "workloads/swap/linux-swap.sh"
 	farmemBin  = "bin/farmem"
+	// beforeBin is an earlier build of farmem (-before), run as the farmem-before configuration
+	// beside bin/farmem: what a change did, measured side by side in one run.
+	beforeBin string
 )
 
 type harness struct {
@@ -157,7 +164,8 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf, numpy-matmul, jvm-* and node are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul, jvm-g1, jvm-parallel (a 400 MiB heap at scale 1), node (about 330 MiB)")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis)")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-before (the -before build, defaults), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis)")
+	flag.StringVar(&beforeBin, "before", "", "an earlier build of farmem (a binary), run as the farmem-before configuration; the report names its version")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
 	timeout := flag.Float64("timeout", 0, "seconds a run may take before it is stopped (0: 20x its native run, at least 60)")
@@ -287,6 +295,11 @@ func configs(names, caps []string) ([]config, []int, error) {
 			switch n {
 			case "farmem":
 				r = append(r, config{kind: "farmem", pct: p})
+			case "farmem-before":
+				if beforeBin == "" {
+					return nil, nil, errors.New("farmem-before needs -before BIN, an earlier build of farmem")
+				}
+				r = append(r, config{kind: "farmem", before: true, pct: p})
 			case "farmem-leap", "farmem-streams", "farmem-readahead", "farmem-stride", "farmem-nextn", "farmem-none":
 				r = append(r, config{kind: "farmem", prefetch: strings.TrimPrefix(n, "farmem-"), pct: p})
 			case "farmem-tcp", "farmem-shm", "farmem-tcp-leap", "farmem-shm-leap":
@@ -533,7 +546,11 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 	switch c.kind {
 	case "farmem":
 		res.capMiB = h.capMiB(w, c.pct)
-		prefix = []string{farmemBin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--latency-out", latPath, "--summary-json", sumPath}
+		bin := farmemBin
+		if c.before {
+			bin = beforeBin
+		}
+		prefix = []string{bin, "run", "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--latency-out", latPath, "--summary-json", sumPath}
 		if c.remote != "" {
 			prefix = append(prefix, "--ctrl", h.cluster.ctrl, "--token-file", h.cluster.token)
 			if c.remote == "shm" {

@@ -72,6 +72,13 @@ func machineFacts() *facts {
 		if f.commit == "" {
 			f.commit = "(unknown commit)"
 		}
+		if beforeBin != "" {
+			v, err := exec.Command(beforeBin, "version").Output()
+			f.commit += fmt.Sprintf("; farmem-before: %s, %s", beforeBin, strings.TrimSpace(string(v)))
+			if err != nil {
+				f.commit += fmt.Sprintf(" (its version: %v)", err)
+			}
+		}
 	}()
 	if out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil && f.commit == "" {
 		f.commit = strings.TrimSpace(string(out))

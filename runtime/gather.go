@@ -1,0 +1,84 @@
+package runtime
+
+import (
+	"slices"
+	"time"
+)
+
+// gather decides which threads of a program placement holds on the fault thread's CPU. It is
+// pure: placement tells it each fault and each check, and carries out what it answers.
+//
+//   - One thread faults: it is held from the second check on, at any rate (holding one thread
+//     takes no parallelism away).
+//   - Another thread faults while the process pages fast (its last checkEvery faults came at
+//     gatherRate or more): gathering. Every thread that faults is held from its first fault on,
+//     so that none of them pays a wakeup across CPUs per fault.
+//   - Another thread faults while the process pages slowly, or, gathering, the rate falls below
+//     releaseRate: every held thread is released, and the threads are left where the kernel puts
+//     them (spread) until the process pages fast again. Two rates, so that a rate near either
+//     does not hold and release at every check.
+//   - No fault for quietSpell (quiet): every held thread is released.
+type gather struct {
+	held      []int // program threads held, in the order they were; the first is the one thread's
+	gathering bool  // the process pages fast, and several threads fault: each is held at its first fault
+	spread    bool  // several threads fault, slowly: none is held
+}
+
+const (
+	// gatherRate is the fault rate from which the threads that fault are held together. A wakeup
+	// across CPUs costs several times a fault served on one CPU (docs/DESIGN.md, "Latency"): at
+	// this rate the wakeups alone would take a large share of a CPU, more than what sharing one
+	// costs threads that mostly wait for their pages.
+	gatherRate = 10_000 // faults a second
+	// releaseRate is the fault rate below which held threads are released.
+	releaseRate = 1_000 // faults a second
+)
+
+// windowOf is the time checkEvery faults take at rate faults a second.
+func windowOf(rate int) time.Duration { return time.Duration(checkEvery) * time.Second / time.Duration(rate) }
+
+// fault notes a fault by program thread tid and reports whether tid is to be held now.
+func (g *gather) fault(tid int) bool {
+	if !g.gathering || slices.Contains(g.held, tid) {
+		return false
+	}
+	g.held = append(g.held, tid)
+	return true
+}
+
+// check is the check at every checkEvery-th fault, made by program thread tid; the last
+// checkEvery faults took window. It reports whether tid is to be held now, and whether every
+// held thread is to be released first (its list is then empty).
+func (g *gather) check(tid int, window time.Duration) (hold, release bool) {
+	fast := window <= windowOf(gatherRate)
+	switch {
+	case g.gathering:
+		if window > windowOf(releaseRate) {
+			g.releaseAll()
+			g.spread = true
+			return false, true
+		}
+		return false, false // tid was held at its first fault
+	case fast && (g.spread || len(g.held) > 0 && g.held[0] != tid):
+		g.gathering, g.spread = true, false
+		g.held = append(g.held, tid)
+		return true, false
+	case len(g.held) == 0 && !g.spread:
+		g.held = append(g.held, tid)
+		return true, false
+	case len(g.held) > 0 && g.held[0] != tid: // another thread, slowly
+		g.releaseAll()
+		g.spread = true
+		return false, true
+	}
+	return false, false
+}
+
+// quiet notes that the process went quietSpell without a fault: every held thread is to be
+// released.
+func (g *gather) quiet() { g.releaseAll() }
+
+func (g *gather) releaseAll() {
+	g.held = g.held[:0]
+	g.gathering = false
+}
