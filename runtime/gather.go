@@ -35,7 +35,9 @@ const (
 )
 
 // windowOf is the time checkEvery faults take at rate faults a second.
-func windowOf(rate int) time.Duration { return time.Duration(checkEvery) * time.Second / time.Duration(rate) }
+func windowOf(rate int) time.Duration {
+	return time.Duration(checkEvery) * time.Second / time.Duration(rate)
+}
 
 // fault notes a fault by program thread tid and reports whether tid is to be held now.
 func (g *gather) fault(tid int) bool {
