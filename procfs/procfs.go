@@ -162,6 +162,20 @@ func ThreadCPU(pid, tid int) (int, error) {
 	return strconv.Atoi(f[36])
 }
 
+// ThreadRan returns the time thread tid of pid has spent on a CPU, in ns: the first field of its
+// schedstat.
+func ThreadRan(pid, tid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/schedstat", pid, tid))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 0, fmt.Errorf("empty schedstat of %d/%d", pid, tid)
+	}
+	return strconv.ParseInt(f[0], 10, 64)
+}
+
 // Threads returns the thread ids of pid.
 func Threads(pid int) ([]int, error) {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))

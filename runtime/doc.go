@@ -20,8 +20,9 @@
 //     filter the agent installs once armed hands the runtime the mmap and brk calls glibc makes
 //     internally, registered before the program can write to them; a rescan of /proc/PID/maps
 //     finds anything else, and the evictor keeps room for what it finds late (BurstReserve).
-//   - Placement (placement.go): the fault thread follows the faulting thread's CPU, and a
-//     program thread that does all the faulting is kept on its CPU while it pages.
+//   - Placement (placement.go, gather.go): the fault thread follows the faulting thread's CPU,
+//     and the program's faulting threads are kept on it while the program pages: the one that
+//     faults, or, while the process faults fast, every one.
 //
 // A Runtime is made by New from a Config, started by Start and ended by Close; nothing of it is
 // set from outside in between. Its statistics are atomics anyone may read.

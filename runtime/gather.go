@@ -17,11 +17,21 @@ import (
 //     releaseRate: every held thread is released, and the threads are left where the kernel puts
 //     them (spread) until the process pages fast again. Two rates, so that a rate near either
 //     does not hold and release at every check.
+//   - Gathering, the held threads take most of their CPU themselves (busy: their time on it over
+//     the last checkEvery faults, a moving average above maxBusy): they compute more than they
+//     wait for their pages, and would run faster spread over the CPUs than saved wakeups give
+//     back. Paging hard, they leave most of it to the fault thread. Every held thread is
+//     released, and none is gathered again for crowdBackoff.
 //   - No fault for quietSpell (quiet): every held thread is released.
 type gather struct {
 	held      []int // program threads held, in the order they were; the first is the one thread's
 	gathering bool  // the process pages fast, and several threads fault: each is held at its first fault
 	spread    bool  // several threads fault, slowly: none is held
+	// busy is the moving average of the held threads' share of their CPU, over the checks
+	// since gathering began; crowdedUntil (monotonic ns): until then no gathering, since the held
+	// threads crowded their CPU.
+	busy         float64
+	crowdedUntil int64
 }
 
 const (
@@ -32,6 +42,14 @@ const (
 	gatherRate = 10_000 // faults a second
 	// releaseRate is the fault rate below which held threads are released.
 	releaseRate = 1_000 // faults a second
+	// maxBusy is the share of their CPU the held threads may take themselves, on average over
+	// the last busyChecks checks or so. Paging hard, a JVM's held threads took at most 0.61 of it
+	// (moving average; 0.39 overall) and node's at most 0.45; two threads computing between
+	// faults took 0.86, and ran 1.4x as long held as free (results/gather/README.md).
+	maxBusy    = 0.75
+	busyChecks = 8
+	// crowdBackoff is how long a process whose held threads crowded their CPU is left spread.
+	crowdBackoff = 10 * time.Second
 )
 
 // windowOf is the time checkEvery faults take at rate faults a second.
@@ -48,19 +66,23 @@ func (g *gather) fault(tid int) bool {
 	return true
 }
 
-// check is the check at every checkEvery-th fault, made by program thread tid; the last
-// checkEvery faults took window. It reports whether tid is to be held now, and whether every
-// held thread is to be released first (its list is then empty).
-func (g *gather) check(tid int, window time.Duration) (hold, release bool) {
-	fast := window <= windowOf(gatherRate)
+// check is the check at every checkEvery-th fault, made by program thread tid at now (monotonic
+// ns); the last checkEvery faults took window, and the held threads were on their CPU for busy
+// of it. It reports whether tid is to be held now, and whether every held thread is to be
+// released first (its list is then empty).
+func (g *gather) check(tid int, now int64, window time.Duration, busy float64) (hold, release bool) {
+	fast := window <= windowOf(gatherRate) && now >= g.crowdedUntil
 	switch {
 	case g.gathering:
-		if window > windowOf(releaseRate) {
-			g.releaseAll()
-			g.spread = true
-			return false, true
+		g.busy += (busy - g.busy) / busyChecks
+		if g.busy > maxBusy {
+			g.crowdedUntil = now + int64(crowdBackoff)
+		} else if window <= windowOf(releaseRate) {
+			return false, false // tid was held at its first fault
 		}
-		return false, false // tid was held at its first fault
+		g.releaseAll()
+		g.spread = true
+		return false, true
 	case fast && (g.spread || len(g.held) > 0 && g.held[0] != tid):
 		g.gathering, g.spread = true, false
 		g.held = append(g.held, tid)
@@ -83,4 +105,5 @@ func (g *gather) quiet() { g.releaseAll() }
 func (g *gather) releaseAll() {
 	g.held = g.held[:0]
 	g.gathering = false
+	g.busy = 0
 }

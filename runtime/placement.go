@@ -24,7 +24,7 @@ import (
 // the program runs"). So from the second check on, the faulting thread is pinned to its CPU as
 // well. A program that faults from several threads (a JVM's collector, a server's workers) is
 // the same: its threads on the fault thread's CPU paged faster than its threads free on both
-// (results/gather.md). But holding several threads on one CPU takes away their parallelism,
+// (results/gather/swap.md). But holding several threads on one CPU takes away their parallelism,
 // which is worth more than the wakeups saved unless the process pages hard; so which threads
 // are held is gather's decision, by the rate at which the process faults.
 //
@@ -52,6 +52,9 @@ type placement struct {
 	orig      unix.CPUSet
 	gather    gather // which program threads are held on cpu
 	checkedAt int64  // monotonic ns of the last check
+	// ran is each held thread's time on a CPU at the last check (ns; schedstat): how much of
+	// their CPU the held threads take themselves.
+	ran map[int]int64
 	// seen is faults when quiet last saw them change, at quietSince (nanotime): while threads
 	// are held, a spell of quietSpell with no new fault releases them.
 	seen       int
@@ -84,9 +87,10 @@ func (pl *placement) quiet(pid, agent int, now int64) {
 	}
 	pl.gather.quiet()
 	pl.release(pid, agent)
+	clear(pl.ran)
 }
 
-func newPlacement() placement { return placement{cpu: -1} }
+func newPlacement() placement { return placement{cpu: -1, ran: map[int]int64{}} }
 
 // monoStart makes checkedAt monotonic nanoseconds: time.Since reads the monotonic clock.
 var monoStart = time.Now()
@@ -130,13 +134,38 @@ func (pl *placement) fault(pid, tid int, agent int32) {
 	if pl.faults <= checkEvery || pl.orig.Count() < 2 || tid == int(agent) {
 		return
 	}
-	hold, release := pl.gather.check(tid, window)
+	busy := 0.0
+	if pl.gather.gathering {
+		busy = pl.busy(pid, window)
+	}
+	hold, release := pl.gather.check(tid, now, window, busy)
 	if release {
 		pl.release(pid, int(agent))
+		clear(pl.ran)
 	}
 	if hold {
 		pl.hold(tid)
 	}
+}
+
+// busy returns the share of the window since the last check that the held threads of pid were
+// on a CPU (theirs: they are held on one). A thread held since then counts from the next.
+func (pl *placement) busy(pid int, window time.Duration) float64 {
+	var sum int64
+	for _, tid := range pl.gather.held {
+		ran, err := procfs.ThreadRan(pid, tid)
+		if err != nil {
+			continue // exited
+		}
+		if last, ok := pl.ran[tid]; ok {
+			sum += ran - last
+		}
+		pl.ran[tid] = ran
+	}
+	if window <= 0 {
+		return 0
+	}
+	return float64(sum) / float64(window)
 }
 
 // hold pins program thread tid to the fault thread's CPU.
