@@ -22,7 +22,7 @@ $(AGENT): launcher/shim/agent.c launcher/shim/agent.h
 		-fno-asynchronous-unwind-tables -fPIC -fvisibility=hidden -nostdlib -static-pie \
 		-Wl,--no-dynamic-linker,-z,noexecstack,--build-id=none,-e,fm_start_entry -o $@ $<
 
-workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive bin/floorpager bin/forkexec
+workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive bin/floorpager bin/forkexec bin/computing
 # The floor of paging: a minimal C userfaultfd pager and its preload shim (workloads/floor).
 bin/floorpager: workloads/floor/floorpager.c workloads/floor/floor.h bin/floorshim.so
 	@mkdir -p bin
@@ -40,6 +40,11 @@ bin/micro: workloads/micro/micro.c
 bin/forkexec: workloads/forkexec/forkexec.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -o $@ $<
+
+bin/computing: workloads/gather/computing.c
+	@mkdir -p bin
+	$(CC) -O2 -Wall -Wextra -pthread -o $@ $<
+
 bin/pagerank: workloads/graph/pagerank.c
 	@mkdir -p bin
 	$(CC) -O2 -Wall -o $@ $<
