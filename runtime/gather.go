@@ -43,9 +43,10 @@ const (
 	// releaseRate is the fault rate below which held threads are released.
 	releaseRate = 1_000 // faults a second
 	// maxBusy is the share of their CPU the held threads may take themselves, on average over
-	// the last busyChecks checks or so. Paging hard, a JVM's held threads took at most 0.61 of it
-	// (moving average; 0.39 overall) and node's at most 0.45; two threads computing between
-	// faults took 0.86, and ran 1.4x as long held as free (results/gather/README.md).
+	// the last busyChecks checks or so. Paging hard, the held threads of the JVMs and of node
+	// leave more than half of it to the fault thread and the agent, and ran faster held; two
+	// threads computing between their faults took most of it, and ran slower held than free
+	// (results/gather/README.md).
 	maxBusy    = 0.75
 	busyChecks = 8
 	// crowdBackoff is how long a process whose held threads crowded their CPU is left spread.

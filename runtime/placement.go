@@ -23,10 +23,11 @@ import (
 // went slow; pinned where it ran, it paged several times as fast (results/eviction.md, "Where
 // the program runs"). So from the second check on, the faulting thread is pinned to its CPU as
 // well. A program that faults from several threads (a JVM's collector, a server's workers) is
-// the same: its threads on the fault thread's CPU paged faster than its threads free on both
-// (results/gather/swap.md). But holding several threads on one CPU takes away their parallelism,
-// which is worth more than the wakeups saved unless the process pages hard; so which threads
-// are held is gather's decision, by the rate at which the process faults.
+// the same: its threads held on the fault thread's CPU paged faster than its threads free on
+// both (results/gather/README.md). But holding several threads on one CPU takes away their
+// parallelism, which is worth more than the wakeups saved unless the process pages hard; so
+// which threads are held is gather's decision, by the rate at which the process faults and the
+// share of their CPU the held threads take.
 //
 // Pinning is inherited by what the pinned thread starts; farmem undoes that where each is born.
 // A new thread gets the program's own affinity from the shim's pthread_create (unless the
