@@ -72,6 +72,46 @@ func TestFaultingThreadPinnedNotWhatItStarts(t *testing.T) {
 	}
 }
 
+// A program that faults hard from two threads has both held on the fault thread's CPU, the same
+// one, while it pages; after a quiet spell both may run anywhere again. Its data is checked.
+func TestFaultingThreadsGathered(t *testing.T) {
+	if runtime.NumCPU() < 2 {
+		t.Skip("one CPU: nothing to hold")
+	}
+	prog := filepath.Join(t.TempDir(), "gathered")
+	if b, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", prog, "testdata/gathered.c").CombinedOutput(); err != nil {
+		t.Fatalf("building gathered: %v\n%s", err, b)
+	}
+	out, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog).CombinedOutput()
+	if err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, out)
+	}
+	cpus := map[string]string{} // "paging 0" -> "1 CPU" etc.
+	var check string
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 4:
+			cpus[f[0]+" "+f[1]] = f[2] + " " + f[3]
+		case len(f) >= 2 && f[0] == "check":
+			check = strings.Join(f[1:], " ")
+		}
+	}
+	if check != "ok" {
+		t.Fatalf("the data: %q\n%s", check, out)
+	}
+	p0, p1 := strings.Fields(cpus["paging 0"]), strings.Fields(cpus["paging 1"])
+	if len(p0) != 2 || len(p1) != 2 || p0[0] != "1" || p1[0] != "1" || p0[1] != p1[1] {
+		t.Errorf("while paging, the threads held (CPUs allowed, CPU) %v and %v; want both held to one and the same CPU\n%s", p0, p1, out)
+	}
+	all := strconv.Itoa(runtime.NumCPU())
+	for _, k := range []string{"quiet 0", "quiet 1"} {
+		if f := strings.Fields(cpus[k]); len(f) != 2 || f[0] != all {
+			t.Errorf("%s: %v, want the program's %s CPUs back after a quiet spell\n%s", k, f, all, out)
+		}
+	}
+}
+
 // agentSchedProg reports the scheduling policy of each of its threads, then of a fork child's:
 // under farmem, the shim's agent thread is among them.
 const agentSchedProg = `
