@@ -76,6 +76,12 @@ type Summary struct {
 	// EnteredImages: images processes of the run exec'd that did not load the shim, which
 	// farmem entered by injection, as it enters a static program, and served from then on.
 	EnteredImages int64 `json:"entered_images"`
+	// HeldThreadsMax: the most threads of one process farmem held on its fault thread's CPU at
+	// once (one: the thread that faults; more: a process faulting hard from several threads);
+	// BusyReleases: how often held threads were let go because they took most of that CPU
+	// themselves (runtime/gather.go).
+	HeldThreadsMax int64 `json:"held_threads_max"`
+	BusyReleases   int64 `json:"busy_releases"`
 	// BackendPeakPages and BackendPeakBytes: the most the backend held, in pages and in bytes
 	// (fewer bytes than pages when it compresses).
 	BackendPeakPages int64 `json:"backend_peak_pages"`
@@ -172,7 +178,8 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(), OverCapFaults: s.OverCapFaults.Load(), UnservedImages: s.Unserved.Load(),
 		UnfilteredProcesses: s.Unfiltered.Load(),
 		EnteredImages:       s.Entered.Load(),
-		BackendPeakPages:    e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
+		HeldThreadsMax:      s.HeldThreadsMax.Load(), BusyReleases: s.BusyReleases.Load(),
+		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
 		BytesIn: rt.BytesIn(), BytesOut: rt.BytesOut(), PeakAnonBytes: s.PeakAnonPages.Load() * runtime.PageSize,
 		Processes: s.Processes.Load(),
 	}

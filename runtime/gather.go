@@ -37,8 +37,10 @@ type gather struct {
 const (
 	// gatherRate is the fault rate from which the threads that fault are held together. A wakeup
 	// across CPUs costs several times a fault served on one CPU (docs/DESIGN.md, "Latency"): at
-	// this rate the wakeups alone would take a large share of a CPU, more than what sharing one
-	// costs threads that mostly wait for their pages.
+	// this rate the wakeups alone would take a large share of a CPU. Sharing one costs threads
+	// that mostly wait for their pages little, wherever a wakeup is cheaper: one fault thread
+	// serves the process's faults one at a time, so more CPUs would not serve them sooner.
+	// Threads that compute between their faults are another matter: maxBusy.
 	gatherRate = 10_000 // faults a second
 	// releaseRate is the fault rate below which held threads are released.
 	releaseRate = 1_000 // faults a second

@@ -62,7 +62,8 @@ type placement struct {
 	quietSince int64
 	// used has bit c set once farmem pinned a program thread to CPU c (< 64): what a fork
 	// child or a new image may have inherited from us. Read by other goroutines (Attach).
-	used atomic.Uint64
+	used  atomic.Uint64
+	stats *Stats // the run's: HeldThreadsMax, BusyReleases; nil in a placement of no run
 }
 
 const checkEvery = 512
@@ -91,7 +92,9 @@ func (pl *placement) quiet(pid, agent int, now int64) {
 	clear(pl.ran)
 }
 
-func newPlacement() placement { return placement{cpu: -1, ran: map[int]int64{}} }
+func newPlacement(stats *Stats) placement {
+	return placement{cpu: -1, ran: map[int]int64{}, stats: stats}
+}
 
 // monoStart makes checkedAt monotonic nanoseconds: time.Since reads the monotonic clock.
 var monoStart = time.Now()
@@ -140,6 +143,9 @@ func (pl *placement) fault(pid, tid int, agent int32) {
 		busy = pl.busy(pid, window)
 	}
 	hold, release := pl.gather.check(tid, now, window, busy)
+	if release && pl.stats != nil && pl.gather.crowdedUntil > now {
+		pl.stats.BusyReleases.Add(1)
+	}
 	if release {
 		pl.release(pid, int(agent))
 		clear(pl.ran)
@@ -181,6 +187,14 @@ func (pl *placement) hold(tid int) {
 	}
 	if pl.cpu < 64 {
 		pl.used.Or(1 << pl.cpu)
+	}
+	if st := pl.stats; st != nil {
+		for n := int64(len(pl.gather.held)); ; {
+			m := st.HeldThreadsMax.Load()
+			if n <= m || st.HeldThreadsMax.CompareAndSwap(m, n) {
+				break
+			}
+		}
 	}
 }
 

@@ -110,7 +110,7 @@ type Process struct {
 }
 
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
-	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(), registered: make(map[uint64]uint64),
+	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(&rt.Stats), registered: make(map[uint64]uint64),
 		filterDone: make(chan struct{})}
 	var pred prefetch.Prefetcher
 	if rt.cfg.NewPrefetcher != nil {

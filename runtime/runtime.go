@@ -93,6 +93,10 @@ type Stats struct {
 	// Processes is how many processes the run served: the program, each image it exec'd and
 	// each fork child.
 	Processes atomic.Int64
+	// HeldThreadsMax is the most threads of one process placement held on its fault thread's
+	// CPU at once; BusyReleases how many times the held threads were let go because they took
+	// most of that CPU themselves (gather.go).
+	HeldThreadsMax, BusyReleases atomic.Int64
 }
 
 // Runtime owns every process of one `farmem run`: see the package doc.

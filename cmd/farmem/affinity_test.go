@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/launcher"
 )
 
 // affinityProg touches 64 MiB twice from its main thread (about 32k faults at a 16 MiB cap:
@@ -82,9 +85,17 @@ func TestFaultingThreadsGathered(t *testing.T) {
 	if b, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", prog, "testdata/gathered.c").CombinedOutput(); err != nil {
 		t.Fatalf("building gathered: %v\n%s", err, b)
 	}
-	out, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog).CombinedOutput()
+	sum := filepath.Join(t.TempDir(), "summary.json")
+	out, err := exec.Command(farmemBin(t), "run", "--quiet", "--summary-json", sum, "--local-mem", "16MiB", "--", prog).CombinedOutput()
 	if err != nil {
 		t.Fatalf("farmem run: %v\n%s", err, out)
+	}
+	var s launcher.Summary
+	if b, err := os.ReadFile(sum); err != nil || json.Unmarshal(b, &s) != nil {
+		t.Fatalf("summary: %v\n%s", err, b)
+	}
+	if s.HeldThreadsMax != 2 || s.BusyReleases != 0 {
+		t.Errorf("summary: held_threads_max %d, busy_releases %d; want 2 and 0", s.HeldThreadsMax, s.BusyReleases)
 	}
 	cpus := map[string]string{} // "paging 0" -> "1 CPU" etc.
 	var check string
