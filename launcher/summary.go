@@ -356,6 +356,17 @@ func summaryLines(s *Summary) []string {
 	if held > 0 {
 		line("%s of the faults waited, %s: %s of the faults' time", count(int64(held)), and(why), percent(heldNs, cost))
 	}
+	if s.HeldThreadsMax > 1 {
+		let := ""
+		if s.BusyReleases > 0 {
+			let = "; let go once because they computed more than they waited for pages"
+			if s.BusyReleases > 1 {
+				let = fmt.Sprintf("; let go %s times because they computed more than they waited for pages", count(s.BusyReleases))
+			}
+		}
+		line("up to %s threads of a process that faulted hard ran on one CPU with its fault thread, so that no fault woke a thread across CPUs%s",
+			count(s.HeldThreadsMax), let)
+	}
 
 	// Whether prefetching paid: it did if most of the pages it brought were used. Map mode's
 	// used pages took no fault at all; cache mode's were faults served from the cache.

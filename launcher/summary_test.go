@@ -34,13 +34,15 @@ func TestSummaryLines(t *testing.T) {
 		BytesIn: 1000 * 4096, BytesOut: 900 * 4096, Evicted: Evicted{Written: 900, DroppedClean: 100},
 		Faults: map[string]Histogram{"backend": {Count: 400, SumNs: 4e6, P50Ns: 9700, P99Ns: 60_100}, "cache": {Count: 500, SumNs: 1e6},
 			"zero": {Count: 0}, "wp": {Count: 3, SumNs: 1000}},
-		Held:     map[string]Histogram{"room": {Count: 0}},
-		Prefetch: &Prefetch{Name: "leap", Mode: "cache", CachePages: 4096, Issued: 700, Placed: 600, Used: 500, PushedOut: 100},
+		Held:           map[string]Histogram{"room": {Count: 0}},
+		Prefetch:       &Prefetch{Name: "leap", Mode: "cache", CachePages: 4096, Issued: 700, Placed: 600, Used: 500, PushedOut: 100},
+		HeldThreadsMax: 4, BusyReleases: 2,
 	}
 	want := []string{
 		"farmem: held redis-server to 32 MiB; its anonymous memory peaked at 31 MiB (sampled)",
 		"farmem: 1,000 pages came back (3.9 MiB, 600 of them prefetched) and 1,000 went out (3.5 MiB written, 100 unchanged since stored)",
 		"farmem: faults cost the program 5.0 ms: 400 read back (median 9.7 µs, 99th percentile 60 µs), 500 from the prefetch cache, 3 first writes",
+		"farmem: up to 4 threads of a process that faulted hard ran on one CPU with its fault thread, so that no fault woke a thread across CPUs; let go 2 times because they computed more than they waited for pages",
 		"farmem: prefetching (leap, cache mode) paid: 600 pages read ahead, 500 used (83 %), 100 pushed out unused; 56 % of the pages redis-server needed back were in the cache",
 	}
 	if got := summaryLines(s); strings.Join(got, "\n") != strings.Join(want, "\n") {
