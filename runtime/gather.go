@@ -101,6 +101,10 @@ func (g *gather) check(tid int, now int64, window time.Duration, busy float64) (
 	return false, false
 }
 
+// forget drops the held threads gone says are gone (exited), so that a process that starts and
+// ends threads while it is gathered does not grow the list every fault searches.
+func (g *gather) forget(gone func(tid int) bool) { g.held = slices.DeleteFunc(g.held, gone) }
+
 // quiet notes that the process went quietSpell without a fault: every held thread is to be
 // released.
 func (g *gather) quiet() { g.releaseAll() }

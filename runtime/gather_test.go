@@ -124,3 +124,17 @@ func TestGatherBusyReleasesAndBacksOff(t *testing.T) {
 		t.Fatalf("after crowdBackoff: gathering %v, busy %v; want gathering afresh", g.gathering, g.busy)
 	}
 }
+
+func TestGatherForgetsExitedThreads(t *testing.T) {
+	var g gather
+	g.check(7, 0, fastWindow, 0)
+	g.check(8, 0, fastWindow, 0)
+	g.fault(9)
+	g.forget(func(tid int) bool { return tid == 8 })
+	if !slices.Equal(g.held, []int{7, 9}) || !g.gathering {
+		t.Fatalf("held %v gathering %v; want [7 9], gathering", g.held, g.gathering)
+	}
+	if !g.fault(8) {
+		t.Fatal("a forgotten thread id (reused) is not held at its next fault")
+	}
+}

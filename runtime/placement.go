@@ -156,19 +156,22 @@ func (pl *placement) fault(pid, tid int, agent int32) {
 }
 
 // busy returns the share of the window since the last check that the held threads of pid were
-// on a CPU (theirs: they are held on one). A thread held since then counts from the next.
+// on a CPU (theirs: they are held on one). A thread held since then counts from the next; one
+// that exited is forgotten.
 func (pl *placement) busy(pid int, window time.Duration) float64 {
 	var sum int64
-	for _, tid := range pl.gather.held {
+	pl.gather.forget(func(tid int) bool {
 		ran, err := procfs.ThreadRan(pid, tid)
 		if err != nil {
-			continue // exited
+			delete(pl.ran, tid)
+			return true
 		}
 		if last, ok := pl.ran[tid]; ok {
 			sum += ran - last
 		}
 		pl.ran[tid] = ran
-	}
+		return false
+	})
 	if window <= 0 {
 		return 0
 	}

@@ -130,9 +130,8 @@ func TestOrphanedForkChildServed(t *testing.T) {
 // A fork child no atfork handler runs in is served with a uffd and lifeline of its own, so it
 // dies with farmem. A raw clone's child is entered (the agent put in it at its birth, as a static
 // program's fork child is); glibc's _Fork() child re-arms itself in the shim's _Fork. Served on
-// its FORK event alone, with no uffd or lifeline of its own, such a child read zeros where its
-// evicted pages were (a raw clone's: its heap too, where glibc's malloc asserted). Unkilled, it
-// reads every page back right.
+// its FORK event alone, such a child would read zeros where its evicted pages were once farmem
+// is gone. Unkilled, it reads every page back right.
 func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 	dir := t.TempDir()
 	prog := filepath.Join(dir, "rawclone")
