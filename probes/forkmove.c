@@ -12,10 +12,10 @@
  *   cc -O2 -o forkmove probes/forkmove.c -lpthread
  *   ./forkmove [forks] [fillers]
  *
- * On 2026-11-26 (Linux 6.18.44, 2 vCPUs): no token lost or doubled in 1,300 forks, with moves
- * made inside the clone calls (results/forkmove.md). The kernel keeps them apart: fork write-locks
- * each mapping it copies until it is done with the whole address space, and a move that cannot
- * read-lock one of its two mappings takes the mmap lock, which fork holds throughout. */
+ * What it found, with its rows, is results/forkmove.md. Why a move made inside a clone call can
+ * neither lose nor double a token: fork write-locks each mapping it copies until it is done with
+ * the whole address space, and a move that cannot read-lock one of its two mappings takes the
+ * mmap lock, which fork holds throughout. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
