@@ -114,7 +114,8 @@ func main() {
 	}
 	// The postgres row runs as the user postgres, which must reach its files here.
 	os.Chmod(workDir, 0o755)
-	r := &reach{farmem: *farmem, scale: *scale, pct: *pct, factor: *factor, minTimeout: *minTimeout, configs: map[string]bool{}}
+	r := &reach{farmem: *farmem, scale: *scale, pct: *pct, factor: *factor, minTimeout: *minTimeout, configs: map[string]bool{},
+		commit: commit(), started: time.Now()}
 	for _, c := range strings.Split(*configs, ",") {
 		switch c {
 		case "zram", "farmem", "farmem-inject":
@@ -148,6 +149,10 @@ type reach struct {
 	factor     float64
 	minTimeout time.Duration
 	configs    map[string]bool // which of zram, farmem, farmem-inject run
+	// commit and started are the tree the run measured and when it began, taken at its start:
+	// by the end the run has rewritten its own tracked results, and the tree looks changed.
+	commit  string
+	started time.Time
 }
 
 func (r *reach) say(format string, a ...any) {

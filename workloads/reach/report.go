@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // writeReport writes OUT.csv (one row a run) and OUT.md (the table made from them).
@@ -84,7 +83,7 @@ func markdown(out, cmdline string, r *reach, progs []*program, rows []outcome) s
 	kernel, _ := exec.Command("uname", "-r").Output()
 	p("# Reach: unmodified programs under farmem and under Linux swap at %d %% of their native peak\n\n", r.pct)
 	p("Made by `%s` at commit %s on %s, %s (%s, Linux %s, %d CPUs). Raw per-run rows: [%s](%s).\n\n",
-		strings.TrimSpace(cmdline), commit(), time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, "scale "+strconv.FormatFloat(r.scale, 'g', -1, 64),
+		strings.TrimSpace(cmdline), r.commit, r.started.UTC().Format("2006-01-02 15:04 UTC"), host, "scale "+strconv.FormatFloat(r.scale, 'g', -1, 64),
 		strings.TrimSpace(string(kernel)), numCPU(), filepath.Base(out)+".csv", filepath.Base(out)+".csv")
 	p("Each program ran once natively, once under Linux swap to zram and once under `farmem run` at the same cap (one run each: ")
 	p("no medians). `bin/farmem-reach -h` says how each is run and measured. In short:\n\n")
