@@ -68,6 +68,19 @@ func newArena(size, chunkBytes int) arena {
 // put copies b (1 to size bytes) into a free blob and returns its index. It fails only if a
 // new chunk cannot be mapped.
 func (a *arena) put(b []byte) (int, error) {
+	i, blob, err := a.take(len(b))
+	if err != nil {
+		return 0, err
+	}
+	copy(blob, b)
+	return i, nil
+}
+
+// take makes a free blob hold n bytes (1 to size), and returns its index and those bytes, for
+// the caller to fill. The blob counts as live from now on: a trim leaves its page alone, so it
+// may be filled after the owner's lock is released. It fails only if a new chunk cannot be
+// mapped.
+func (a *arena) take(n int) (int, []byte, error) {
 	var i int
 	if k := len(a.free); k > 0 {
 		i = a.free[k-1]
@@ -83,7 +96,7 @@ func (a *arena) put(b []byte) (int, error) {
 			data, err := unix.Mmap(-1, 0, a.perChunk*a.size, unix.PROT_READ|unix.PROT_WRITE,
 				unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 			if err != nil {
-				return 0, fmt.Errorf("backend: cannot map %d more bytes for the store: %w", a.perChunk*a.size, err)
+				return 0, nil, fmt.Errorf("backend: cannot map %d more bytes for the store: %w", a.perChunk*a.size, err)
 			}
 			a.chunks = append(a.chunks, chunk{data: data, lens: make([]uint16, a.perChunk)})
 		}
@@ -91,10 +104,9 @@ func (a *arena) put(b []byte) (int, error) {
 		a.next++
 	}
 	c, j := a.locate(i)
-	copy(c.data[j*a.size:(j+1)*a.size], b)
-	c.lens[j] = uint16(len(b))
+	c.lens[j] = uint16(n)
 	a.inUse++
-	return i, nil
+	return i, c.data[j*a.size : j*a.size+n], nil
 }
 
 // get returns the stored bytes of blob i, or nil if i holds nothing (never stored, freed, out

@@ -18,11 +18,16 @@ var errClosed = errors.New("backend: store is closed")
 // once the chunks exist; the pages of freed slots go back to the kernel once they add up (see
 // arena). It makes `farmem run` work with no cluster; it does not reduce the machine's total
 // memory use (that is what memory servers are for, or Compressed shrinks it).
+//
+// No page is copied under mu: it guards the arena's bookkeeping only, so a fault's Load never
+// waits for an eviction batch's Store to copy its pages, nor a Store for a Load. The copies
+// hold copying for reading instead, which keeps the chunks mapped until Close.
 type Memory struct {
-	mu     sync.Mutex
-	pages  arena    // protected by mu; blob i is slot i
-	closed bool     // protected by mu
-	trim   *trimmer // set at construction; gives back freed slots' pages
+	mu      sync.Mutex
+	pages   arena        // protected by mu; blob i is slot i
+	closed  bool         // protected by mu
+	copying sync.RWMutex // read-held across each copy in or out of pages' chunks; Close write-holds it
+	trim    *trimmer     // set at construction; gives back freed slots' pages
 }
 
 // NewMemory returns an empty embedded store.
@@ -53,33 +58,55 @@ func (m *Memory) Store(src []byte, slots []Slot) error {
 	if n*PageSize != len(src) || len(slots) < n {
 		return fmt.Errorf("backend: Store of %d bytes into %d slots", len(src), len(slots))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return errClosed
-	}
+	m.copying.RLock()
+	defer m.copying.RUnlock()
 	for i := 0; i < n; i++ {
-		j, err := m.pages.put(src[i*PageSize : (i+1)*PageSize])
+		j, blob, err := m.take()
 		if err != nil {
-			for _, s := range slots[:i] { // a failed Store keeps nothing: the caller frees no slot of it
-				m.pages.release(int(s))
-			}
+			m.unput(slots[:i]) // a failed Store keeps nothing: the caller frees no slot of it
 			return err
 		}
+		copy(blob, src[i*PageSize:(i+1)*PageSize])
 		slots[i] = Slot(j)
 	}
 	return nil
 }
 
-// Load implements Backend.
-func (m *Memory) Load(s Slot, dst []byte) error {
+// take takes a free slot for a page and returns its blob, to be filled outside mu.
+func (m *Memory) take() (int, []byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return 0, nil, errClosed
+	}
+	return m.pages.take(PageSize)
+}
+
+// unput releases the slots a failed Store had filled; after Close they are gone already.
+func (m *Memory) unput(slots []Slot) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	for _, s := range slots {
+		m.pages.release(int(s))
+	}
+}
+
+// Load implements Backend.
+func (m *Memory) Load(s Slot, dst []byte) error {
+	m.copying.RLock()
+	defer m.copying.RUnlock()
+	m.mu.Lock()
 	// A slot beyond int's range turns negative here, which get rejects like any unknown one.
 	p := m.pages.get(int(s))
+	m.mu.Unlock()
 	if p == nil {
 		return fmt.Errorf("%w %d", ErrUnknownSlot, s)
 	}
+	// Outside mu: a stored slot's blob changes only once its owner frees it, which it does not
+	// while it loads it.
 	copy(dst[:PageSize], p)
 	return nil
 }
@@ -116,6 +143,8 @@ func (m *Memory) StoredBytes() int64 {
 // Close implements Backend.
 func (m *Memory) Close() error {
 	m.trim.close() // first: it takes mu, and gives back pages of the chunks
+	m.copying.Lock()
+	defer m.copying.Unlock()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true

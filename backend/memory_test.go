@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestMemoryStoreLoadFreeReuse(t *testing.T) {
@@ -60,5 +61,58 @@ func TestMemoryNoAllocs(t *testing.T) {
 	cycle() // the first chunk, the free list's first growth
 	if n := testing.AllocsPerRun(100, cycle); n != 0 {
 		t.Errorf("%d allocations per Store+Load+Free", int(n))
+	}
+}
+
+// Store and Load copy outside the store's lock: a Close meanwhile must wait for them, not unmap
+// the chunks under them (a crash), and every Load after it fails rather than read anything.
+func TestMemoryCloseWhileCopying(t *testing.T) {
+	m := NewMemory()
+	page := bytes.Repeat([]byte{9}, PageSize)
+	slots := make([]Slot, 64)
+	if err := m.Store(bytes.Repeat(page, len(slots)), slots); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan error, 2)
+	go func() { // a fault thread
+		dst := make([]byte, PageSize)
+		for i := 0; ; i++ {
+			if err := m.Load(slots[i%len(slots)], dst); err != nil {
+				done <- nil // closed
+				return
+			}
+			if !bytes.Equal(dst, page) {
+				done <- errors.New("a page came back different")
+				return
+			}
+		}
+	}()
+	go func() { // an evictor (it frees nothing: a Free after Close is a shutdown-order bug)
+		src, s := bytes.Repeat(page, 16), make([]Slot, 16)
+		for range 512 {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			if err := m.Store(src, s); err != nil {
+				done <- nil // closed
+				return
+			}
+		}
+		done <- nil
+	}()
+	time.Sleep(20 * time.Millisecond)
+	m.Close()
+	close(stop)
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Load(slots[0], make([]byte, PageSize)); err == nil {
+		t.Fatal("a Load after Close succeeded")
 	}
 }

@@ -29,7 +29,10 @@
 // # Lock order
 //
 //	pagetable.PageTable.mu   the process's page table (its own doc: then Slots.mu); the fault
-//	                         thread holds it across each read of the uffd (read)
+//	                         thread holds it across each read of the uffd (read), and takes
+//	                         it with LockForFault, which spins before it sleeps and makes
+//	                         the evictor's choice of victims let it go first (pagetable's
+//	                         lock.go)
 //	PrefetchCache.mu         taken under the page table's lock, never the other way
 //
 // Nothing here holds a lock across a wait on the program, nor across the install of a page

@@ -155,7 +155,7 @@ func (f *Fetcher) serve() {
 // and the faults come after. An UNMAP or REMAP read before a FORK took effect before the fork
 // (the kernel raises them once the change is made), so they are applied before the clone.
 func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
-	f.table.Lock()
+	f.table.LockForFault()
 	n, err := uffd.ReadMsgs(f.fd, msgs)
 	if err != nil || n == 0 {
 		f.table.Unlock()
@@ -239,7 +239,7 @@ const absentGrace = 100 * time.Millisecond
 // missing serves a MISSING fault, read at since: the page is absent from the program.
 func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o outcome, src Source) {
 	t := f.table
-	t.Lock()
+	t.LockForFault()
 	defer t.Unlock()
 	e := t.Get(pg)
 	f.clock.mark(&f.clock.lookup) // a backend fault's lookup ends after the prefetch cache's, below
@@ -361,7 +361,7 @@ func (f *Fetcher) installUnlocked(e *pagetable.Entry, pg uint64, src unsafe.Poin
 	e.Fetching = true
 	f.table.Unlock()
 	n, err := uffd.Copy(f.fd, pg, src, ps, mode)
-	f.table.Lock()
+	f.table.LockForFault()
 	e.Fetching = false
 	return n, err
 }
@@ -376,7 +376,7 @@ func (f *Fetcher) readEvicted(pg uint64, e *pagetable.Entry, buf []byte) (same b
 	e.Fetching = true
 	f.table.Unlock()
 	err = f.fetchPage(slot, buf)
-	f.table.Lock()
+	f.table.LockForFault()
 	e.Fetching = false
 	return f.table.Get(pg) == e && e.State == pagetable.Evicted && e.Slot == slot, err
 }
@@ -464,7 +464,7 @@ func (f *Fetcher) wake(pg uint64) outcome {
 // wpFault serves a write to a write-protected page.
 func (f *Fetcher) wpFault(pg uint64) outcome {
 	t := f.table
-	t.Lock()
+	t.LockForFault()
 	defer t.Unlock()
 	e := t.Get(pg)
 	f.clock.mark(&f.clock.lookup)

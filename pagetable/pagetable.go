@@ -118,8 +118,8 @@ type victim struct {
 	seq  uint32
 }
 
-// PageTable maps page addresses of one process to entries. All methods but Lock/Unlock need
-// mu held by the caller.
+// PageTable maps page addresses of one process to entries. All methods but the lock's
+// (lock.go) need mu held by the caller.
 type PageTable struct {
 	mu       sync.Mutex
 	pages    map[uint64]*Entry // protected by mu
@@ -147,6 +147,9 @@ type PageTable struct {
 	// program's. Protected by mu.
 	staging, stagingEnd uint64
 	discards            []discard // protected by mu; the program's REMOVEs of the last ZapLag, oldest first
+	// faultWaiting counts fault threads waiting for mu in LockForFault (one at most: a table
+	// has one fault thread); read by Victims, which yields to them.
+	faultWaiting atomic.Int32
 }
 
 // New returns an empty table that counts its resident pages into resident and frees slots
@@ -154,9 +157,6 @@ type PageTable struct {
 func New(resident *atomic.Int64, slots *Slots) *PageTable {
 	return &PageTable{pages: make(map[uint64]*Entry), resident: resident, slots: slots, VictimBlock: DefaultVictimBlock, MaxHeat: DefaultMaxHeat}
 }
-
-func (t *PageTable) Lock()   { t.mu.Lock() }
-func (t *PageTable) Unlock() { t.mu.Unlock() }
 
 // Get returns the entry of page, or nil.
 func (t *PageTable) Get(page uint64) *Entry { return t.pages[page] }
@@ -388,6 +388,9 @@ func (t *PageTable) each(start, end uint64, f func(uint64, *Entry)) {
 // TLB flush, whoever does it, while a victim set spread at random is nearly a run a page.
 // Sparing hot mates doubled the runs of redis's batches and gave the saved faults back (the same
 // section).
+//
+// A batch's choice is the longest hold of the lock; every yieldEvery pages it lets a waiting
+// fault thread go first (lock.go).
 func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 	out = out[:0]
 	var taken map[uint64]bool
@@ -404,8 +407,14 @@ func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 			taken[p] = true
 		}
 	}
-	passed := 0
+	passed, looked, yielded := 0, 0, false
 	for t.head < len(t.fifo) && len(out) < n {
+		if looked++; looked%yieldEvery == 0 && t.yieldToFault() {
+			yielded = true
+		}
+		if t.head >= len(t.fifo) { // cleared meanwhile (Clear)
+			break
+		}
 		v := t.fifo[t.head]
 		t.head++
 		if t.pinned(v.page) || taken[v.page] {
@@ -435,6 +444,14 @@ func (t *PageTable) Victims(n int, out []uint64) []uint64 {
 	if t.head > 4096 && t.head*2 > len(t.fifo) {
 		t.fifo = append(t.fifo[:0], t.fifo[t.head:]...)
 		t.head = 0
+	}
+	if yielded {
+		// While the fault thread held the lock, a page taken may have been discarded, moved
+		// by an mremap, or the process's table cleared: only pages still resident are victims.
+		out = slices.DeleteFunc(out, func(p uint64) bool {
+			e := t.pages[p]
+			return e == nil || e.State != Resident || t.pinned(p)
+		})
 	}
 	slices.Sort(out)
 	return out
