@@ -21,7 +21,7 @@ import (
 // faultSpin is how long LockForFault spins before it sleeps: longer than the evictor's other
 // holds (a batch's commit, the end of its choice) mostly take, so that the fault thread seldom
 // sleeps at all; a fifth of it left the fault thread sleeping about once a batch, and paging
-// slower (results/eviction.md, the same section). The spinning takes the CPU of the fault
+// slower (results/lockwait/README.md). The spinning takes the CPU of the fault
 // thread, where the faulting thread waits for it anyway; another program thread held there
 // (runtime's placement) waits at most this long.
 const faultSpin = 100 * time.Microsecond

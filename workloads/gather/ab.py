@@ -42,7 +42,7 @@ for k in sorted(d, key=lambda k:(k[0],-k[1])):
     z=v.get('swap-zram',[])
     zk=sum(r['oom_killed']=='true' for r in z)
     zf=[float(r['wall_s']) for r in z if r['oom_killed']!='true' and r['stopped']!='true']
-    zs="%.2f s (%d of %d)"%(st.median(zf),len(zf),len(z)) if zf else "none finished"
+    zs="%.2f s (%d of %d)"%(st.median(zf),len(zf),len(z)) if zf else ("none finished" if z else "not run")
     if zk: zs+=", %d OOM-killed"%zk
     zr='-'
     if a and len(zf)*2 > len(z):
