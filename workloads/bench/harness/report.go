@@ -72,6 +72,11 @@ func machineFacts() *facts {
 		if f.commit == "" {
 			f.commit = "(unknown commit)"
 		}
+		// The tree's state says what was checked out; the binary's stamp says what ran: they
+		// differ when the tree changed since the last build.
+		if v, err := exec.Command(farmemBin, "version").Output(); err == nil {
+			f.commit += fmt.Sprintf(" (%s: %s)", farmemBin, strings.TrimSpace(string(v)))
+		}
 		if beforeBin != "" {
 			v, err := exec.Command(beforeBin, "version").Output()
 			f.commit += fmt.Sprintf("; farmem-before: %s, %s", beforeBin, strings.TrimSpace(string(v)))
