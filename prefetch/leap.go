@@ -25,7 +25,9 @@ func (l *leap) Access(page uint64, hit bool, out []uint64) []uint64 {
 	if l.started {
 		// Two's complement: the delta is right for any two pages less than 2^63 apart.
 		l.deltas[l.head] = int64(page - l.last)
-		l.head = (l.head + 1) % len(l.deltas)
+		if l.head++; l.head == len(l.deltas) {
+			l.head = 0
+		}
 		l.filled = min(l.filled+1, len(l.deltas))
 	}
 	l.last, l.started = page, true
@@ -67,14 +69,18 @@ func (l *leap) findTrend() (int64, bool) {
 }
 
 // majority returns the delta that fills more than half of the newest w slots, if one does:
-// Boyer-Moore's vote finds the only candidate, a second pass counts it.
+// Boyer-Moore's vote finds the only candidate, a second pass counts it. It runs at every miss,
+// up to three times on the fault thread's path: the ring is walked by index, with no division.
 func (l *leap) majority(w int) (int64, bool) {
 	n := min(w, l.filled)
 	var candidate int64
 	votes := 0
-	for i := range n {
-		d := l.deltas[(l.head-1-i+len(l.deltas))%len(l.deltas)]
-		switch {
+	j := l.head
+	for range n {
+		if j--; j < 0 {
+			j = len(l.deltas) - 1
+		}
+		switch d := l.deltas[j]; {
 		case votes == 0:
 			candidate, votes = d, 1
 		case d == candidate:
@@ -84,8 +90,12 @@ func (l *leap) majority(w int) (int64, bool) {
 		}
 	}
 	count := 0
-	for i := range n {
-		if l.deltas[(l.head-1-i+len(l.deltas))%len(l.deltas)] == candidate {
+	j = l.head
+	for range n {
+		if j--; j < 0 {
+			j = len(l.deltas) - 1
+		}
+		if l.deltas[j] == candidate {
 			count++
 		}
 	}
