@@ -2,7 +2,8 @@
 // content is (in the program, or in a backend slot) and whether the stored copy is current.
 //
 // Lock order: PageTable.mu, then Slots.mu. No lock here is held across a wait on the program
-// (an agent reply, a fault): the fault thread must always be free to read uffd events.
+// (an agent reply, a fault): the fault thread must always be free to read uffd events. The
+// fault thread takes PageTable.mu with LockForFault, everyone else with Lock (lock.go).
 //
 // States of a page (no entry = never touched, or discarded by the program: reads as zeros):
 //
