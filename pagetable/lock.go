@@ -10,9 +10,9 @@ import (
 // worker and the runtime hold it for work that can wait. A wait is cheap only if the waiter
 // does not sleep: a goroutine blocked on a sync.Mutex parks its thread, its CPU goes idle, and
 // the unlock must wake that CPU from another, an interrupt that costs tens of microseconds on
-// these machines (docs/DESIGN.md, "Latency"). The evictor choosing a batch of victims held the
-// lock for longer than that, and the program's CPU sat idle for most of it
-// (results/eviction.md, "The fault thread waits for the evictor").
+// these machines (docs/DESIGN.md, "Latency"). Choosing a batch of victims holds the lock for
+// longer than that (BenchmarkVictims), and a fault thread asleep behind it leaves the program's
+// CPU idle for most of it (results/eviction.md, "The fault thread waits for the evictor").
 //
 // So the fault thread takes the lock with LockForFault, which spins for up to faultSpin before
 // it sleeps, and says it waits (faultWaiting); Victims, the one long holder, looks at that
@@ -20,10 +20,9 @@ import (
 
 // faultSpin is how long LockForFault spins before it sleeps: longer than the evictor's other
 // holds (a batch's commit, the end of its choice) mostly take, so that the fault thread seldom
-// sleeps at all; a fifth of it left the fault thread sleeping about once a batch, and paging
-// slower (results/lockwait/README.md). The spinning takes the CPU of the fault
-// thread, where the faulting thread waits for it anyway; another program thread held there
-// (runtime's placement) waits at most this long.
+// sleeps at all; a fifth of it still sleeps about once a batch (results/lockwait/README.md).
+// The spinning takes the CPU of the fault thread, where the faulting thread waits for it
+// anyway; another program thread held there (runtime's placement) waits at most this long.
 const faultSpin = 100 * time.Microsecond
 
 // yieldEvery is how many queued pages Victims looks at between looks at faultWaiting: a few
