@@ -20,9 +20,10 @@ import (
 
 // faultSpin is how long LockForFault spins before it sleeps: longer than the evictor's other
 // holds (a batch's commit, the end of its choice) mostly take, so that the fault thread seldom
-// sleeps at all; a fifth of it still sleeps about once a batch (results/lockwait/README.md).
-// The spinning takes the CPU of the fault thread, where the faulting thread waits for it
-// anyway; another program thread held there (runtime's placement) waits at most this long.
+// sleeps at all; at a fifth of it, it still sleeps hundreds of times a run of a random walk
+// (results/lockwait/README.md, "The spin's length"). The spinning takes the CPU of the fault
+// thread, where the faulting thread waits for it anyway; another program thread held there
+// (runtime's placement) waits at most this long.
 const faultSpin = 100 * time.Microsecond
 
 // yieldEvery is how many queued pages Victims looks at between looks at faultWaiting: a few
