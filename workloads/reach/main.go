@@ -58,7 +58,7 @@ func main() {
 	only := flag.String("only", "", "comma-separated programs to run (default: all); -list lists them")
 	list := flag.Bool("list", false, "list the programs and exit")
 	inject := flag.String("inject", "", "programs also run under farmem run --inject (default: those marked, numpy,perl,sqlite3,redis; none: none)")
-	factor := flag.Float64("timeout-factor", 20, "a run is killed after this many times the native time")
+	factor := flag.Float64("timeout-factor", 100, "a run is killed after this many times the native time (a program whose working set is four times the cap and walked at random pays a fault on most of its touches: perl's sort takes about 70x native at 25 %, and the table is to say whether it finishes, with its output)")
 	minTimeout := flag.Duration("min-timeout", 30*time.Second, "but never before this")
 	farmem := flag.String("farmem", "bin/farmem", "the farmem binary")
 	configs := flag.String("configs", "zram,farmem,farmem-inject", "the configurations run beside native (-configs '' runs native only: the sizes and peaks)")
