@@ -164,7 +164,13 @@ func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
 		}
 		return
 	}
-	seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Error: -int32(unix.ENOSYS)})
+	if rerr := seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Error: -int32(unix.ENOSYS)}); errors.Is(rerr, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+		// The forking thread left its call while farmem tried to take its child, or was gone
+		// by the time farmem traced it (ESRCH): killed with its process (an exit while another
+		// thread forks), or interrupted by a signal, and then the call is made again. No fork
+		// was refused: nothing to say.
+		return
+	}
 	if p.forkSaid.CompareAndSwap(false, true) {
 		fmt.Fprintf(os.Stderr, "farmem: process %d tried to fork, and farmem could not take its child (%v): its forks fail (ENOSYS)\n", p.Pid(), err)
 	}
