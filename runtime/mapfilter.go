@@ -154,12 +154,15 @@ func (rt *Runtime) serveFork(fd int, n seccomp.Notif) {
 	p.forkGate.Lock()
 	defer p.forkGate.Unlock()
 	proceeded := false
+	var cont error // the answer that let the fork go on
 	err := (*f)(int(n.Pid), func() error {
 		proceeded = true
-		return seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
+		cont = seccomp.Respond(fd, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue})
+		return cont
 	})
 	if proceeded {
-		if err != nil {
+		// ENOENT: the forking thread had left its call before the answer (as below): no fork.
+		if err != nil && !errors.Is(cont, unix.ENOENT) {
 			fmt.Fprintf(os.Stderr, "farmem: process %d forked, and its child could not be served: %v\n", p.Pid(), err)
 		}
 		return
