@@ -172,11 +172,16 @@ func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 	}
 }
 
-// A process that exits while another of its threads forks with a raw clone ends that fork
-// itself: farmem, taking the child, finds the forking thread gone. No fork was refused, and
-// farmem does not say that the process's forks fail, as it did after about one such exit in
-// seven. Twenty exits in the middle of forking: each with two threads forking by raw clone at a
-// 16 MiB cap.
+// A process that exits while another of its threads forks with a raw clone: the forking thread is
+// killed in its call, and its fork may or may not have made a child. farmem, which traced the
+// thread to catch the child at its birth, sees no fork event (the kernel stops no thread for one
+// once it is being killed), yet a child born of the fork is its tracee, stopped: it must be
+// entered as any other, not left unserved (its uffd given up after a grace, it would read zeros
+// where its evicted pages were, with nobody left to see). farmem says nothing: no fork was
+// refused, and no child went unserved. Before, after about one such exit in seven, it said the
+// process's forks fail, or that the child could not be served, and let the child go unentered.
+// Twenty exits in the middle of forking: each with two threads forking by raw clone at a 16 MiB
+// cap.
 func TestExitWhileForkingSaysNothing(t *testing.T) {
 	for i := range 20 {
 		cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", attacheeBin(t), "32", "2", "0", "1")
@@ -192,7 +197,7 @@ func TestExitWhileForkingSaysNothing(t *testing.T) {
 		time.Sleep(400 * time.Millisecond) // forking by now: the fill takes a few milliseconds
 		fmt.Fprintln(stdin, "exit")
 		stdin.Close()
-		if err := cmd.Wait(); err != nil || strings.Contains(out.String(), "could not take its child") {
+		if err := cmd.Wait(); err != nil || strings.Contains(out.String(), "could not take its child") || strings.Contains(out.String(), "could not be served") {
 			t.Fatalf("exit %d while forking: %v\n%s", i, err, out.String())
 		}
 	}
