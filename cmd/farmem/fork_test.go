@@ -175,11 +175,11 @@ func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 // A process that exits while another of its threads forks with a raw clone: the forking thread is
 // killed in its call, and its fork may or may not have made a child. farmem, which traced the
 // thread to catch the child at its birth, sees no fork event (the kernel stops no thread for one
-// once it is being killed), yet a child born of the fork is its tracee, stopped: it must be
-// entered as any other, not left unserved (its uffd given up after a grace, it would read zeros
-// where its evicted pages were, with nobody left to see). farmem says nothing: no fork was
-// refused, and no child went unserved. Before, after about one such exit in seven, it said the
-// process's forks fail, or that the child could not be served, and let the child go unentered.
+// once it is being killed), yet a child born of the fork is its tracee, stopped at its birth: it
+// must be entered as any other. farmem says nothing: no fork was refused, and no child went
+// unserved. Before, after about one such exit in seven, it said the process's forks fail, or
+// that the child could not be served; such a child stayed stopped, its uffd given up after a
+// grace, until farmem's exit killed it (PTRACE_O_EXITKILL): it never ran.
 // Twenty exits in the middle of forking: each with two threads forking by raw clone at a 16 MiB
 // cap.
 func TestExitWhileForkingSaysNothing(t *testing.T) {
