@@ -57,7 +57,7 @@ func CatchFork(tid int, proceed func() error) (*Tracee, error) {
 		}
 		if pid == tid && (ws.Exited() || ws.Signaled()) {
 			// Killed in its fork (its process exiting): the kernel stops no thread for an event
-			// once it is being killed, so a child born of the fork never showed here, yet it
+			// once it is being killed, so a child born of the fork was not reported, yet it
 			// is this thread's tracee, stopped at its birth. It is caught as any other.
 			if child := tracee(); child != 0 {
 				return waitChild(child)

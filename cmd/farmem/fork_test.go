@@ -176,10 +176,9 @@ func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 // killed in its call, and its fork may or may not have made a child. farmem, which traced the
 // thread to catch the child at its birth, sees no fork event (the kernel stops no thread for one
 // once it is being killed), yet a child born of the fork is its tracee, stopped at its birth: it
-// must be entered as any other. farmem says nothing: no fork was refused, and no child went
-// unserved. Before, after about one such exit in seven, it said the process's forks fail, or
-// that the child could not be served; such a child stayed stopped, its uffd given up after a
-// grace, until farmem's exit killed it (PTRACE_O_EXITKILL): it never ran.
+// must be entered as any other: left stopped, its uffd would be given up after a grace and farmem's
+// exit would kill it (PTRACE_O_EXITKILL), a child of the program that never ran. farmem says
+// nothing: no fork was refused, and no child went unserved; either message fails the test.
 // Twenty exits in the middle of forking: each with two threads forking by raw clone at a 16 MiB
 // cap.
 func TestExitWhileForkingSaysNothing(t *testing.T) {
