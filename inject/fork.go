@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/procfs"
 )
 
 // ErrNoFork is returned by CatchFork when the thread's call ended without a new process (the
@@ -132,23 +134,12 @@ func waitChild(pid int) (*Tracee, error) {
 // traced, died before its fork event. The calling thread traces nothing else: CatchFork's caller
 // is locked to it, and a Tracee's thread traces one process at a time.
 func tracee() int {
-	me := strconv.Itoa(unix.Gettid())
+	me := unix.Gettid()
 	dirs, _ := os.ReadDir("/proc")
 	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + d.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
-				if strings.TrimSpace(v) == me {
-					return pid
-				}
-				break
+		if pid, err := strconv.Atoi(d.Name()); err == nil {
+			if t, err := procfs.TracerPid(pid); err == nil && t == me {
+				return pid
 			}
 		}
 	}
