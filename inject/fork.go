@@ -9,13 +9,10 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/farmem/farmem/procfs"
 )
 
 // ErrNoFork is returned by CatchFork when the thread's call ended without a new process (the
-// kernel refused the fork: EAGAIN, ENOMEM; or the thread was killed in it before a child was
-// born).
+// kernel refused the fork: EAGAIN, ENOMEM).
 var ErrNoFork = errors.New("inject: the thread made no new process")
 
 // forkWait bounds how long CatchFork waits for the thread's fork.
@@ -58,13 +55,7 @@ func CatchFork(tid int, proceed func() error) (*Tracee, error) {
 			return nil, fmt.Errorf("inject: wait for thread %d: %w", tid, err)
 		}
 		if pid == tid && (ws.Exited() || ws.Signaled()) {
-			// Killed in its fork (its process exiting): the kernel stops no thread for an event
-			// once it is being killed, so a child born of the fork was not reported, yet it
-			// is this thread's tracee, stopped at its birth. It is caught as any other.
-			if child := tracee(); child != 0 {
-				return waitChild(child)
-			}
-			return nil, ErrNoFork
+			return nil, &ExitedError{Pid: tid, Status: ws}
 		}
 		if pid == tid && ws.Stopped() {
 			switch ws.TrapCause() {
@@ -127,23 +118,6 @@ func waitChild(pid int) (*Tracee, error) {
 			return t, nil
 		}
 	}
-}
-
-// tracee returns a process the calling thread traces (its /proc status names the thread as
-// TracerPid), 0 if none: a fork's child the kernel attached to it when the forking thread, which it
-// traced, died before its fork event. The calling thread traces nothing else: CatchFork's caller
-// is locked to it, and a Tracee's thread traces one process at a time.
-func tracee() int {
-	me := unix.Gettid()
-	dirs, _ := os.ReadDir("/proc")
-	for _, d := range dirs {
-		if pid, err := strconv.Atoi(d.Name()); err == nil {
-			if t, err := procfs.TracerPid(pid); err == nil && t == me {
-				return pid
-			}
-		}
-	}
-	return 0
 }
 
 // release lets a seized thread go: interrupted to a stop, then detached. A child its fork made
