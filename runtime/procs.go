@@ -316,8 +316,8 @@ func (rt *Runtime) retire(p *Process) {
 	}
 	// A child that has not said hello yet may still: a daemon's parent exits as soon as it has
 	// forked, and the child's hello finds its event by its fork probe, whoever its parent is
-	// by then. Its event stays queued until then, or until retireLater gives up on it: it exited,
-	// or was forked without libc's fork.
+	// by then. Its event stays queued until then, or until retireLater gives up waiting: it
+	// exited, or was forked without libc's fork and is served on its event alone.
 	for _, c := range rt.forks[p] {
 		defer rt.retireLater(c)
 	}
@@ -354,13 +354,26 @@ func (rt *Runtime) retire(p *Process) {
 // machine may keep it from running for a while, and a child given up on is killed by its shim.
 const orphanGrace = 5 * time.Second
 
-// retireLater retires fork child c, whose parent is gone, unless it says hello within orphanGrace.
+// retireLater retires fork child c, whose parent is gone, if it has not said hello within
+// orphanGrace and its memory is gone. A child whose memory lives on without a hello was forked
+// without libc's fork (no atfork handler, and no filter to hand the fork over: a process running
+// as another user) and runs on, served on its event alone: closing its uffd would unregister
+// its ranges, and it would read zeros where its evicted pages were. It stays served until its
+// memory goes (retireSilentForkChildren).
 func (rt *Runtime) retireLater(c *Process) {
 	go func() {
 		time.Sleep(orphanGrace)
-		if c.Pid() == 0 {
-			rt.retire(c)
+		if c.Pid() != 0 {
+			return
 		}
+		if c.probe != 0 && c.Hold() {
+			alive := !memoryGone(c.fd, c.probe) // held: the uffd is not closed meanwhile
+			c.Release()
+			if alive {
+				return
+			}
+		}
+		rt.retire(c)
 	}()
 }
 

@@ -250,3 +250,32 @@ func TestAsUserFarmemKilled(t *testing.T) {
 		}
 	}
 }
+
+// A process running as nobody and served without the mapping filter (the run armed after it
+// switched users) forks by a raw clone and exits at once. Its child runs no atfork handler, and no
+// filter hands its fork over: it says no hello, and is served on its FORK event alone. It outlives
+// its parent by more than the grace a silent orphan is given to say hello (5 s), then reads every
+// page back: each its own, none zeros, and farmem serves it to its end.
+func TestAsUserRawForkOrphanReadsItsPages(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
+		t.Fatal(err)
+	}
+	prog := filepath.Join(dir, "rawclone")
+	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
+		t.Fatalf("building rawclone: %v\n%s", err, b)
+	}
+	verdict := filepath.Join(dir, "child")
+	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "64MiB", "--", runuser, "-u", "nobody", "--",
+		prog, "160", "7", verdict, "orphan").CombinedOutput()
+	if err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "it is served without the filter") {
+		t.Fatalf("the run armed before the program switched users (the test needs one that did not):\n%s", out)
+	}
+	if b, _ := os.ReadFile(verdict); string(b) != "child ok\n" {
+		t.Fatalf("the orphaned child wrote %q by the time farmem ended\n%s", b, out)
+	}
+}

@@ -2,8 +2,9 @@
  * atfork handler runs, in the parent or the child), or with glibc's _Fork() when the fourth
  * argument is _Fork (no handler runs either), and prints "forked PID". The child waits SECONDS,
  * verifies every page, and writes "child ok" or "child BAD N" (N pages wrong) to OUT; the parent
- * waits for it and exits with its status.
- * usage: rawclone MIB SECONDS OUT [_Fork] */
+ * waits for it and exits with its status, or, when the fourth argument is orphan, exits at once
+ * (a raw clone's child outliving its parent, as a daemon's does).
+ * usage: rawclone MIB SECONDS OUT [_Fork|orphan] */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <signal.h>
@@ -22,7 +23,7 @@ static uint64_t word(size_t i) { return i * 0x9e3779b97f4a7c15ULL + 1; }
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: rawclone MIB SECONDS OUT [_Fork]\n");
+		fprintf(stderr, "usage: rawclone MIB SECONDS OUT [_Fork|orphan]\n");
 		return 2;
 	}
 	size_t n = strtoul(argv[1], 0, 10) << 20;
@@ -45,6 +46,7 @@ int main(int argc, char **argv)
 	if (pid < 0) return 2;
 	printf("forked %ld\n", pid);
 	fflush(stdout);
+	if (argc > 4 && !strcmp(argv[4], "orphan")) return 0;
 	int st;
 	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 2;
 	return WEXITSTATUS(st);
