@@ -9,10 +9,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/farmem/farmem/procfs"
 )
 
 // ErrNoFork is returned by CatchFork when the thread's call ended without a new process (the
-// kernel refused the fork: EAGAIN, ENOMEM).
+// kernel refused the fork: EAGAIN, ENOMEM; or the thread was killed in it before a child was
+// born).
 var ErrNoFork = errors.New("inject: the thread made no new process")
 
 // forkWait bounds how long CatchFork waits for the thread's fork.
@@ -55,7 +58,11 @@ func CatchFork(tid int, proceed func() error) (*Tracee, error) {
 			return nil, fmt.Errorf("inject: wait for thread %d: %w", tid, err)
 		}
 		if pid == tid && (ws.Exited() || ws.Signaled()) {
-			return nil, &ExitedError{Pid: tid, Status: ws}
+			if child := killBornStopped(); child != 0 {
+				return nil, fmt.Errorf("inject: thread %d was killed in its fork (its process exiting), and its child %d, "+
+					"whose birth ptrace never reported, was killed before it ran", tid, child)
+			}
+			return nil, ErrNoFork
 		}
 		if pid == tid && ws.Stopped() {
 			switch ws.TrapCause() {
@@ -118,6 +125,37 @@ func waitChild(pid int) (*Tracee, error) {
 			return t, nil
 		}
 	}
+}
+
+// killBornStopped kills the child a fork may have made as its thread, traced by the calling
+// thread, was killed in it (another thread's exit ended its process). The kernel attaches such a
+// child to the tracer and stops it at its birth, but stops no thread being killed for the fork
+// event, so its pid never comes, and nobody would enter it or let it go: it would stay stopped,
+// and served on its FORK event, until farmem's exit (PTRACE_O_EXITKILL). It is found as the
+// process the calling thread traces (its status's TracerPid): CatchFork's caller is locked to the
+// thread, which traces nothing else once the forking thread is gone. It never ran an
+// instruction.
+func killBornStopped() (child int) {
+	me := unix.Gettid()
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if tracer, err := procfs.TracerPid(pid); err != nil || tracer != me {
+			continue
+		}
+		unix.Kill(pid, unix.SIGKILL)
+		for {
+			var ws unix.WaitStatus
+			if _, err := unix.Wait4(pid, &ws, unix.WALL, nil); err != unix.EINTR && (err != nil || ws.Exited() || ws.Signaled()) {
+				break
+			}
+		}
+		child = pid
+	}
+	return child
 }
 
 // release lets a seized thread go: interrupted to a stop, then detached. A child its fork made

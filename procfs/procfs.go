@@ -219,6 +219,9 @@ func Tgid(tid int) (int, error) { return statusInt(tid, "Tgid") }
 // PPid returns the pid of process pid's parent.
 func PPid(pid int) (int, error) { return statusInt(pid, "PPid") }
 
+// TracerPid returns the thread tracing process pid (0: none).
+func TracerPid(pid int) (int, error) { return statusInt(pid, "TracerPid") }
+
 // statusInt returns a whole-number field of pid's status.
 func statusInt(pid int, field string) (int, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")

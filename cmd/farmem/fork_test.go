@@ -174,8 +174,10 @@ func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 
 // A process that exits while another of its threads forks with a raw clone ends that fork
 // itself: farmem, taking the child, finds the forking thread gone. No fork was refused, and
-// farmem does not say that the process's forks fail. Twenty exits in the middle of forking: each
-// with two threads forking by raw clone at a 16 MiB cap.
+// farmem does not say that the process's forks fail. A child the fork made before its thread was
+// killed is killed at its birth, not left stopped and served until farmem's end: farmem ends with
+// the program (a hang here would be the test's timeout). Twenty exits in the middle of forking:
+// each with two threads forking by raw clone at a 16 MiB cap.
 func TestExitWhileForkingSaysNothing(t *testing.T) {
 	for i := range 20 {
 		cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", attacheeBin(t), "32", "2", "0", "1")
