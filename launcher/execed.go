@@ -40,11 +40,13 @@ import (
 // setuid), and, if it was expected to say hello and did not, the runtime's grace for that hello.
 // Its forks in that moment are not served: its children run without farmem.
 //
-// If the image cannot be entered (it is traced already; it runs as an unprivileged user, and the
-// userfaultfd and the filter, made by calls in it with its credentials, are refused: a dynamic
-// image of such a user loads the shim instead, asuser.go; farmem has no CAP_SYS_ADMIN for the
-// filter), it runs on untouched and uncapped, and the runtime names it on
-// stderr with the reason; nothing of farmem's is left in it, and it is never stopped for it.
+// An image running as another user than root has its userfaultfd made on a descriptor of the
+// device farmem sends it (asuser.go, receiveUffdDev), and may not install the filter: it is
+// entered if it inherited farmem's from the image it replaced (a process that switched users
+// after the run armed, when its filter went in). If the image cannot be entered (it is traced
+// already; it runs as another user with no filter to inherit; farmem has no CAP_SYS_ADMIN for the
+// filter), it runs on untouched and uncapped, and the runtime names it on stderr with the reason;
+// nothing of farmem's is left in it, and it is never stopped for it.
 
 // imageServer enters, for one run, the images its processes exec that do not load the shim
 // (runtime.ImageServer).
@@ -200,17 +202,18 @@ func (s *imageServer) enter(pid int) (err error) {
 	mem, fd, lifeline, err := injectAgent(tr, s.img, s.sock)
 	if err != nil {
 		if uid, ok := fsUID(pid); ok && uid != 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)) {
-			// Its userfaultfd is made by a call in it, with its credentials. (An image with the
-			// shim is served as that user: asuser.go.)
-			return fmt.Errorf("%w (it runs as user %d without farmem's shim: an image farmem enters from outside makes its "+
-				"userfaultfd and mapping filter itself, which that user may not)", err, uid)
+			return fmt.Errorf("%w (it runs as user %d)", err, uid)
 		}
 		return err
 	}
 	a.mem, a.memLen, a.lifeline = mem, agentOffset+s.img.span, lifeline
+	old := s.rt.Lookup(pid)
 	if p, err = s.rt.Attach(pid, fd); err != nil { // retires the old image's process
 		return err
 	}
+	// Filters are kept across exec: one the old image had is the new one's, served on its
+	// listener, and the only one an image running as another user can have.
+	p.InheritFilter(old)
 	p.ServeForks(forkServer(s.img, mem, s.sock, s.agents, s.parent, int(s.program.Load())))
 	if _, err := runAgentEntry(tr, mem+agentOffset+s.img.startEntry); err != nil {
 		return err
@@ -219,6 +222,13 @@ func (s *imageServer) enter(pid int) (err error) {
 	if err := waitAttached(tr, ready); err != nil {
 		var en unix.Errno
 		if errors.As(err, &en) && (en == unix.EPERM || en == unix.EACCES) {
+			if uid, ok := fsUID(pid); ok && uid != 0 {
+				// Its forks reach farmem only through the filter: its children would run
+				// without agents, their evicted pages on uffds only farmem holds.
+				return fmt.Errorf("installing its mapping filter: %w (it runs as user %d without farmem's shim, and has the "+
+					"filter, which hands farmem its forks, only if it inherited it: from a process that switched users "+
+					"after the run armed)", err, uid)
+			}
 			return fmt.Errorf("installing its mapping filter: %w (it needs CAP_SYS_ADMIN)", err)
 		}
 		if errors.As(err, &en) {

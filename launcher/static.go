@@ -197,7 +197,7 @@ func injectAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, f
 		return 0, -1, -1, err
 	}
 	scratch := mem + pageSize // the stack's low end: free until the agent thread runs
-	theirUffd, fd, err := makeUffd(tr, scratch)
+	theirUffd, fd, err := makeUffd(tr, scratch, sock)
 	if err != nil {
 		return 0, -1, -1, err
 	}
@@ -368,13 +368,15 @@ func mapAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, err 
 }
 
 // makeUffd creates the tracee's userfaultfd (it keeps it) and returns farmem's copy, its API
-// handshake done. scratch is a page of the tracee's memory it may use.
-func makeUffd(tr *inject.Tracee, scratch uint64) (theirs, mine int, err error) {
+// handshake done: farmem's, since a tracee running as another user may not make it with fork
+// events (asuser.go). scratch is a page of the tracee's memory it may use; sock is farmem's
+// socket, from which a tracee that may not open /dev/userfaultfd receives a descriptor of it.
+func makeUffd(tr *inject.Tracee, scratch uint64, sock string) (theirs, mine int, err error) {
 	const flags = unix.O_CLOEXEC | unix.O_NONBLOCK
 	fd, err := tr.Syscall(unix.SYS_USERFAULTFD, flags)
 	if errors.Is(err, unix.EPERM) {
 		// No syscall for this user (vm.unprivileged_userfaultfd=0): the device may be open to it.
-		fd, err = uffdFromDevice(tr, scratch, flags)
+		fd, err = uffdFromDevice(tr, scratch, flags, sock)
 	}
 	if err != nil {
 		return -1, -1, fmt.Errorf("userfaultfd: %w", err)
@@ -389,12 +391,17 @@ func makeUffd(tr *inject.Tracee, scratch uint64) (theirs, mine int, err error) {
 	return int(fd), mine, nil
 }
 
-func uffdFromDevice(tr *inject.Tracee, scratch uint64, flags int) (uint64, error) {
+// uffdFromDevice makes the tracee's userfaultfd on a descriptor of /dev/userfaultfd: its own, or,
+// if it may not open the device (it runs as another user), one farmem sends it.
+func uffdFromDevice(tr *inject.Tracee, scratch uint64, flags int, sock string) (uint64, error) {
 	if err := tr.Write(scratch, []byte("/dev/userfaultfd\x00")); err != nil {
 		return 0, err
 	}
 	cwd := int64(unix.AT_FDCWD)
 	dev, err := tr.Syscall(unix.SYS_OPENAT, uint64(cwd), scratch, unix.O_RDWR|unix.O_CLOEXEC)
+	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+		dev, err = receiveUffdDev(tr, scratch, sock)
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -195,29 +195,77 @@ func TestAsUserOutsiderRefused(t *testing.T) {
 	}
 }
 
-// A static program run as nobody has no shim, and farmem, which enters such an image from
-// outside, cannot make its userfaultfd and filter as that user: it runs on without farmem,
-// right, named on stderr with the reason and counted unserved.
-func TestAsUserStaticNamed(t *testing.T) {
+// A static program run as nobody has no shim: farmem enters it from outside, making its
+// userfaultfd on a descriptor of the device it sends it (the user may not open it). Armed from the
+// start, the image inherits the mapping filter farmem installed in runuser, which hands over its
+// forks: it is served as a root one is, its data and its fork child's right, within the cap.
+// Armed after the switch of users, it has no filter and may not install one (no_new_privs is not
+// set): with no way for its forks to reach farmem, it runs on without farmem, right, named on
+// stderr with the reason and counted unserved.
+func TestAsUserStatic(t *testing.T) {
 	runuser := need(t, "/usr/sbin/runuser")
-	prog := filepath.Join(nobodyDir(t), "staticfill-go")
-	if b, err := exec.Command("cp", staticGo(t), prog).CombinedOutput(); err != nil {
+	dir := nobodyDir(t)
+	goProg := filepath.Join(dir, "staticfill-go")
+	if b, err := exec.Command("cp", staticGo(t), goProg).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v\n%s", err, b)
 	}
-	want := native(t, prog, "64", "100")
-	out, s, _, err := runSampled(t, "run", "--local-mem", "32MiB", "--", runuser, "-u", "nobody", "--", prog, "64", "100")
-	if err != nil {
-		t.Fatalf("under farmem: %v", err)
-	}
-	if got := digestLine(t, out); got != want {
-		t.Errorf("as nobody under farmem the program printed\n%s\nnatively\n%s", got, want)
-	}
-	if !strings.Contains(out, "(it runs as user 65534 without farmem's shim: an image farmem enters from outside makes its userfaultfd and mapping filter itself, which that user may not)): it runs without farmem") {
-		t.Errorf("farmem did not name the unserved image and why")
-	}
-	if s.UnservedImages != 1 || s.EnteredImages != 0 {
-		t.Errorf("summary: unserved_images %d, entered_images %d, want 1 and 0", s.UnservedImages, s.EnteredImages)
-	}
+	t.Run("ArmedFromStart", func(t *testing.T) {
+		check := func(t *testing.T, prog string, args ...string) (string, *launcher.Summary, map[int]int64) {
+			out, s, peaks, err := runSampled(t, append([]string{"run", "--local-mem", "32MiB", "--", runuser, "-u", "nobody", "--", prog}, args...)...)
+			if err != nil {
+				t.Fatalf("under farmem: %v\n%s", err, out)
+			}
+			if s.UnservedImages != 0 || s.EnteredImages != 1 {
+				t.Errorf("summary: unserved_images %d, entered_images %d, want 0 and 1\n%s", s.UnservedImages, s.EnteredImages, out)
+			}
+			if s.Evicted.Written == 0 || s.Faults["backend"].Count == 0 {
+				t.Errorf("the program was never paged: %d pages written out, %d read back", s.Evicted.Written, s.Faults["backend"].Count)
+			}
+			return out, s, peaks
+		}
+		t.Run("Go", func(t *testing.T) {
+			want := native(t, goProg, "64", "100")
+			out, s, peaks := check(t, goProg, "64", "100")
+			if got := digestLine(t, out); got != want {
+				t.Errorf("as nobody under farmem the program printed\n%s\nnatively\n%s", got, want)
+			}
+			checkCap(t, s, peaks, 32<<20)
+		})
+		t.Run("MuslFork", func(t *testing.T) {
+			prog := filepath.Join(dir, "staticfill-musl")
+			if b, err := exec.Command("cp", staticMusl(t), prog).CombinedOutput(); err != nil {
+				t.Fatalf("cp: %v\n%s", err, b)
+			}
+			want := native(t, prog, "64", "1000", "fork")
+			out, s, _ := check(t, prog, "64", "1000", "fork")
+			for _, line := range []string{"child: " + want, "fork: child exit 0", "posix_spawn: exit 0", want} {
+				if !strings.Contains(out, line+"\n") {
+					t.Errorf("the program did not print %q:\n%s", line, out)
+				}
+			}
+			// A page parent and child share counts in each one's RssAnon: the cgroup's peak is
+			// the check.
+			if b, ok := cgroupPeak(t, s, 32<<20); ok && b > 32<<20+capSlack {
+				t.Errorf("the run's memory cgroup peaked at %.1f MiB: more than the cap and %d MiB", float64(b)/(1<<20), capSlack>>20)
+			}
+		})
+	})
+	t.Run("ArmedMidRun", func(t *testing.T) {
+		want := native(t, goProg, "160", "100")
+		out, s, _, err := runSampled(t, "run", "--local-mem", "64MiB", "--", runuser, "-u", "nobody", "--", goProg, "160", "100")
+		if err != nil {
+			t.Fatalf("under farmem: %v", err)
+		}
+		if got := digestLine(t, out); got != want {
+			t.Errorf("as nobody under farmem the program printed\n%s\nnatively\n%s", got, want)
+		}
+		if !strings.Contains(out, "(it runs as user 65534 without farmem's shim, and has the filter, which hands farmem its forks, only if it inherited it") {
+			t.Errorf("farmem did not name the unserved image and why:\n%s", out)
+		}
+		if s.UnservedImages != 1 || s.EnteredImages != 0 {
+			t.Errorf("summary: unserved_images %d, entered_images %d, want 1 and 0", s.UnservedImages, s.EnteredImages)
+		}
+	})
 }
 
 // If farmem dies while a program running as nobody pages (and forks), every process of it dies
