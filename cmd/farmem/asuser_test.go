@@ -327,3 +327,31 @@ func TestAsUserRawForkOrphanReadsItsPages(t *testing.T) {
 		t.Fatalf("the orphaned child wrote %q by the time farmem ended\n%s", b, out)
 	}
 }
+
+// A process running as nobody is attached as a root one is: it may not open /dev/userfaultfd, and
+// farmem sends it a descriptor of the device by calls it makes in it while it is frozen. Its data
+// verifies attached, after a rewrite under the cap, and after the detach.
+func TestAttachAsUser(t *testing.T) {
+	bin := filepath.Join(nobodyDir(t), "attachee")
+	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
+		t.Fatalf("building attachee: %v\n%s", err, b)
+	}
+	cmd := exec.Command(bin, "64")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	a := startAttacheeCmd(t, cmd)
+	pid := a.cmd.Process.Pid
+	before, _, _ := a.check(t)
+	c, stderr := attachTo(t, pid, "16MiB")
+	waitRSSBelow(t, pid, 32<<20)
+	if sum, _, _ := a.check(t); sum != before {
+		t.Fatalf("attached: sum %s, before farmem %s", sum, before)
+	}
+	a.write(t)
+	written, _, _ := a.check(t)
+	waitRSSBelow(t, pid, 32<<20) // evicted again before the detach
+	detach(t, c, stderr)
+	if sum, _, _ := a.check(t); sum != written {
+		t.Fatalf("detached: sum %s, attached %s", sum, written)
+	}
+	a.exit(t)
+}
