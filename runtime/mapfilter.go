@@ -90,8 +90,13 @@ func (rt *Runtime) filterMappings(p *Process) {
 
 // InheritFilter records that p came with from's mapping filter (from: the image p replaced with
 // an exec, or the parent p forked from), if from has one of farmem's: filters are kept across
-// exec and fork, and served on the listener of the process that installed it.
+// exec and fork, and served on the listener of the process that installed it. A child served on
+// its FORK event inherits from the parent of that event, whatever from is: a child whose parent
+// exited before its hello names init as its parent.
 func (p *Process) InheritFilter(from *Process) {
+	if p.forkParent != nil {
+		from = p.forkParent
+	}
 	switch {
 	case from == nil:
 	case from.filterInherited.Load():
