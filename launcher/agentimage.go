@@ -46,6 +46,7 @@ const (
 	paramMemLen   = 120
 	paramStackTop = 128
 	paramLifeline = 136 // int32
+	paramUffdDev  = 140 // int32
 	paramsBytes   = 144
 )
 

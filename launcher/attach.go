@@ -73,6 +73,11 @@ type attachment struct {
 	attachedAt, broughtBack int64
 }
 
+// childPoll is how often the fork children of a process with no mapping filter (an attached one,
+// or an image that may not install it) are looked for, to be entered (enterChildren): how long
+// one runs on its FORK event alone, with no agent to evict its pages and no lifeline.
+const childPoll = 2 * time.Millisecond
+
 // CheckAttachable returns why farmem cannot attach to process pid, in one line, or nil.
 func CheckAttachable(pid int) error {
 	if pid == os.Getpid() {
@@ -186,7 +191,7 @@ func Attach(o Options, pid int) (int, error) {
 		fmt.Fprintf(os.Stderr, "farmem: attached to %s (pid %d): its pages beyond the %s cap now go to the store; SIGINT, SIGTERM or SIGHUP detaches\n",
 			o.Argv[0], pid, size(o.LocalMem))
 	}
-	tick := time.NewTicker(2 * time.Millisecond)
+	tick := time.NewTicker(childPoll)
 	defer tick.Stop()
 	detached := false
 	var sum *Summary
@@ -296,7 +301,8 @@ func (a *attachment) enter() (err error) {
 
 // undoInjection takes out of the frozen process what injectAgent put in, before the agent runs:
 // the lifeline's read end (first made silent: its close must not kill the process once farmem
-// closes the write end), the process's copy of its uffd, and the agent's memory.
+// closes the write end), the process's copy of its uffd, the device descriptor farmem sent it
+// (if it was sent one), and the agent's memory.
 func (a *attachment) undoInjection(tr *inject.Tracee) {
 	var fds [4]byte
 	if tr.Read(a.mem+agentOffset+a.img.params+paramLifeline, fds[:]) == nil {
@@ -306,6 +312,11 @@ func (a *attachment) undoInjection(tr *inject.Tracee) {
 	}
 	if tr.Read(a.mem+agentOffset+a.img.params+paramUffd, fds[:]) == nil {
 		tr.Syscall(unix.SYS_CLOSE, uint64(binary.LittleEndian.Uint32(fds[:])))
+	}
+	if tr.Read(a.mem+agentOffset+a.img.params+paramUffdDev, fds[:]) == nil {
+		if dev := int32(binary.LittleEndian.Uint32(fds[:])); dev >= 0 {
+			tr.Syscall(unix.SYS_CLOSE, uint64(dev))
+		}
 	}
 	tr.Syscall(unix.SYS_MUNMAP, a.mem, a.memLen)
 	if a.lifeline >= 0 {
@@ -338,6 +349,9 @@ func waitAttached(tr *inject.Tracee, ready <-chan error) error {
 func (a *attachment) enterChildren() {
 	a.forgetGone()
 	for _, ppid := range a.rt.ForkParents() {
+		if !carriesAgent(ppid, a.mem+agentOffset+a.img.params, a.sock) {
+			continue // not of this agent's processes: one with the shim, or another image's
+		}
 		for _, c := range childrenOf(ppid) {
 			st := startTime(c)
 			if seen, ok := a.known[c]; (ok && seen == st) || a.rt.Lookup(c) != nil {
@@ -374,7 +388,9 @@ func (a *attachment) enterChild(pid, ppid int) (err error) {
 		a.agents.forget(pid)
 		return err
 	}
-	if err := waitAttached(g.Leader(), ready); err != nil {
+	// A child of an image served without the filter (serveUnfiltered) may not install one
+	// either: it is served without, as its parent is.
+	if err := waitAttached(g.Leader(), ready); err != nil && !filterRefused(pid, err) {
 		a.agents.forget(pid)
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -41,12 +42,12 @@ import (
 // Its forks in that moment are not served: its children run without farmem.
 //
 // An image running as another user than root has its userfaultfd made on a descriptor of the
-// device farmem sends it (asuser.go, receiveUffdDev), and may not install the filter: it is
-// entered if it inherited farmem's from the image it replaced (a process that switched users
-// after the run armed, when its filter went in). If the image cannot be entered (it is traced
-// already; it runs as another user with no filter to inherit; farmem has no CAP_SYS_ADMIN for the
-// filter), it runs on untouched and uncapped, and the runtime names it on stderr with the reason;
-// nothing of farmem's is left in it, and it is never stopped for it.
+// device farmem sends it (asuser.go, receiveUffdDev), and may not install the filter: it keeps
+// farmem's if it inherited it from the image it replaced (a process that switched users after the
+// run armed), and is otherwise served as an attached process is (serveUnfiltered). If the image
+// cannot be entered (it is traced already; farmem has no CAP_SYS_ADMIN for the filter), it runs on
+// untouched and uncapped, and the runtime names it on stderr with the reason; nothing of farmem's
+// is left in it, and it is never stopped for it.
 
 // imageServer enters, for one run, the images its processes exec that do not load the shim
 // (runtime.ImageServer).
@@ -63,6 +64,8 @@ type imageServer struct {
 	// another thread its stops could be taken by its parent's wait for its end.
 	program atomic.Int32
 	known   chan struct{}
+	// unfilteredSaid: farmem said that an image is served without the filter (serveUnfiltered).
+	unfilteredSaid atomic.Bool
 }
 
 // started records the program's pid (0: it did not start).
@@ -219,22 +222,19 @@ func (s *imageServer) enter(pid int) (err error) {
 		return err
 	}
 	started = true
+	unfiltered := false
 	if err := waitAttached(tr, ready); err != nil {
 		var en unix.Errno
-		if errors.As(err, &en) && (en == unix.EPERM || en == unix.EACCES) {
-			if uid, ok := fsUID(pid); ok && uid != 0 {
-				// Its forks reach farmem only through the filter: its children would run
-				// without agents, their evicted pages on uffds only farmem holds.
-				return fmt.Errorf("installing its mapping filter: %w (it runs as user %d without farmem's shim, and has the "+
-					"filter, which hands farmem its forks, only if it inherited it: from a process that switched users "+
-					"after the run armed)", err, uid)
-			}
+		switch {
+		case filterRefused(pid, err):
+			unfiltered = true
+		case errors.As(err, &en) && (en == unix.EPERM || en == unix.EACCES):
 			return fmt.Errorf("installing its mapping filter: %w (it needs CAP_SYS_ADMIN)", err)
-		}
-		if errors.As(err, &en) {
+		case errors.As(err, &en):
 			return fmt.Errorf("installing its mapping filter: %w", err)
+		default:
+			return fmt.Errorf("its agent: %w", err)
 		}
-		return fmt.Errorf("its agent: %w", err)
 	}
 	if s.rt.Armed() {
 		// Still frozen: what it holds is registered and counted before it grows further.
@@ -242,7 +242,43 @@ func (s *imageServer) enter(pid int) (err error) {
 		s.rt.Evictor().Kick()
 	}
 	holdLifeline(pid, a.lifeline)
+	if unfiltered {
+		s.serveUnfiltered(a)
+	}
 	return g.Detach()
+}
+
+// filterRefused reports whether err is the refusal of the mapping filter to process pid because
+// it runs as another user than root: it may not install one without no_new_privs, which farmem
+// does not set (it would change what the program's own exec of a setuid binary does).
+func filterRefused(pid int, err error) bool {
+	uid, ok := fsUID(pid)
+	return ok && uid != 0 && (errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES))
+}
+
+// serveUnfiltered serves an entered image that has no mapping filter (it runs as another user,
+// and did not inherit farmem's) as `farmem attach` serves a process: what it maps is found by
+// the rescan, and the fork children its filter would have handed over at their birth are
+// entered once seen among its children, through their FORK events, a few milliseconds after
+// (attachment.enterChildren); until then, and for one orphaned before it is seen, the child is
+// served on its FORK event alone.
+func (s *imageServer) serveUnfiltered(a *attachment) {
+	s.rt.Stats.Unfiltered.Add(1)
+	if s.unfilteredSaid.CompareAndSwap(false, true) {
+		uid, _ := fsUID(a.pid)
+		fmt.Fprintf(os.Stderr, "farmem: process %d runs as user %d, which may not install the mapping filter without "+
+			"no_new_privs (farmem does not set it): it is served without the filter: what it maps is found by polling, and "+
+			"the cap may be overshot until it is; its fork children are entered a few milliseconds after their birth\n", a.pid, uid)
+	}
+	a.known = map[int]uint64{}
+	go func() {
+		tick := time.NewTicker(childPoll)
+		defer tick.Stop()
+		for s.rt.Live() > 0 {
+			<-tick.C
+			a.enterChildren()
+		}
+	}()
 }
 
 // holdLifeline holds the write end of process pid's lifeline until pid exits (or farmem does,

@@ -197,7 +197,7 @@ func injectAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, f
 		return 0, -1, -1, err
 	}
 	scratch := mem + pageSize // the stack's low end: free until the agent thread runs
-	theirUffd, fd, err := makeUffd(tr, scratch, sock)
+	theirUffd, fd, dev, err := makeUffd(tr, scratch, sock)
 	if err != nil {
 		return 0, -1, -1, err
 	}
@@ -206,19 +206,26 @@ func injectAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, f
 		unix.Close(fd)
 		return 0, -1, -1, err
 	}
-	var fds [8]byte
+	var fds [12]byte
 	binary.LittleEndian.PutUint32(fds[:], uint32(theirUffd))
 	if err == nil {
 		err = tr.Write(mem+agentOffset+img.params+paramUffd, fds[:4])
 	}
 	binary.LittleEndian.PutUint32(fds[4:], uint32(theirLifeline))
 	if err == nil {
-		err = tr.Write(mem+agentOffset+img.params+paramLifeline, fds[4:])
+		err = tr.Write(mem+agentOffset+img.params+paramLifeline, fds[4:8])
+	}
+	if err == nil && dev >= 0 {
+		binary.LittleEndian.PutUint32(fds[8:], uint32(dev))
+		err = tr.Write(mem+agentOffset+img.params+paramUffdDev, fds[8:])
 	}
 	if err != nil {
 		unix.Close(fd)
 		tr.Syscall(unix.SYS_CLOSE, uint64(theirLifeline)) // first: the write end's close would kill it
 		unix.Close(lifeline)
+		if dev >= 0 {
+			tr.Syscall(unix.SYS_CLOSE, uint64(dev))
+		}
 		return 0, -1, -1, err
 	}
 	return mem, fd, lifeline, nil
@@ -355,6 +362,7 @@ func mapAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, err 
 	binary.LittleEndian.PutUint64(params[paramMem:], mem)
 	binary.LittleEndian.PutUint64(params[paramMemLen:], length)
 	binary.LittleEndian.PutUint64(params[paramStackTop:], mem+pageSize+agentStackBytes)
+	binary.LittleEndian.PutUint32(params[paramUffdDev:], ^uint32(0)) // -1: none (injectAgent)
 	if err := tr.Write(base+img.params, params); err != nil {
 		return 0, err
 	}
@@ -370,45 +378,61 @@ func mapAgent(tr *inject.Tracee, img *agentImage, sock string) (mem uint64, err 
 // makeUffd creates the tracee's userfaultfd (it keeps it) and returns farmem's copy, its API
 // handshake done: farmem's, since a tracee running as another user may not make it with fork
 // events (asuser.go). scratch is a page of the tracee's memory it may use; sock is farmem's
-// socket, from which a tracee that may not open /dev/userfaultfd receives a descriptor of it.
-func makeUffd(tr *inject.Tracee, scratch uint64, sock string) (theirs, mine int, err error) {
+// socket, from which a tracee that may not open /dev/userfaultfd receives a descriptor of it,
+// which it keeps (dev, -1 if none) for its agent's later uffds: its staging area's, and its fork
+// children's (agent.h, open_uffd).
+func makeUffd(tr *inject.Tracee, scratch uint64, sock string) (theirs, mine, dev int, err error) {
 	const flags = unix.O_CLOEXEC | unix.O_NONBLOCK
+	dev = -1
 	fd, err := tr.Syscall(unix.SYS_USERFAULTFD, flags)
 	if errors.Is(err, unix.EPERM) {
 		// No syscall for this user (vm.unprivileged_userfaultfd=0): the device may be open to it.
-		fd, err = uffdFromDevice(tr, scratch, flags, sock)
+		fd, dev, err = uffdFromDevice(tr, scratch, flags, sock)
 	}
 	if err != nil {
-		return -1, -1, fmt.Errorf("userfaultfd: %w", err)
+		return -1, -1, -1, fmt.Errorf("userfaultfd: %w", err)
+	}
+	fail := func(err error) (int, int, int, error) {
+		tr.Syscall(unix.SYS_CLOSE, fd)
+		if dev >= 0 {
+			tr.Syscall(unix.SYS_CLOSE, uint64(dev))
+		}
+		return -1, -1, -1, err
 	}
 	if mine, err = tr.TakeFD(int(fd)); err != nil {
-		return -1, -1, err
+		return fail(err)
 	}
 	if _, _, err := uffd.API(mine, uffdFeatures); err != nil {
 		unix.Close(mine)
-		return -1, -1, fmt.Errorf("UFFDIO_API: %w", err)
+		return fail(fmt.Errorf("UFFDIO_API: %w", err))
 	}
-	return int(fd), mine, nil
+	return int(fd), mine, dev, nil
 }
 
 // uffdFromDevice makes the tracee's userfaultfd on a descriptor of /dev/userfaultfd: its own, or,
-// if it may not open the device (it runs as another user), one farmem sends it.
-func uffdFromDevice(tr *inject.Tracee, scratch uint64, flags int, sock string) (uint64, error) {
+// if it may not open the device (it runs as another user), one farmem sends it, which the tracee
+// keeps (kept; else -1).
+func uffdFromDevice(tr *inject.Tracee, scratch uint64, flags int, sock string) (fd uint64, kept int, err error) {
 	if err := tr.Write(scratch, []byte("/dev/userfaultfd\x00")); err != nil {
-		return 0, err
+		return 0, -1, err
 	}
 	cwd := int64(unix.AT_FDCWD)
 	dev, err := tr.Syscall(unix.SYS_OPENAT, uint64(cwd), scratch, unix.O_RDWR|unix.O_CLOEXEC)
+	sent := false
 	if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
 		dev, err = receiveUffdDev(tr, scratch, sock)
+		sent = true
 	}
 	if err != nil {
-		return 0, err
+		return 0, -1, err
 	}
 	const iocNew = 0xAA00 // USERFAULTFD_IOC_NEW = _IO(0xAA, 0x00)
-	fd, err := tr.Syscall(unix.SYS_IOCTL, dev, iocNew, uint64(flags))
-	tr.Syscall(unix.SYS_CLOSE, dev)
-	return fd, err
+	fd, err = tr.Syscall(unix.SYS_IOCTL, dev, iocNew, uint64(flags))
+	if err != nil || !sent {
+		tr.Syscall(unix.SYS_CLOSE, dev)
+		return fd, -1, err
+	}
+	return fd, int(dev), nil
 }
 
 // makeLifeline makes the tracee's lifeline pipe (shim.c, make_lifeline): the tracee keeps the

@@ -298,20 +298,22 @@ func TestAttachDetach(t *testing.T) {
 // which event is whose, and enters it; every child verifies its copy of the data (and rewrites
 // some of it), and none finds a wrong page, attached or after the detach.
 func TestAttachForkingThreads(t *testing.T) {
-	attachForking(t, "16MiB")
+	attachForking(t, "16MiB", exec.Command(attacheeBin(t), "32", "2", "1"))
 }
 
 // The same with a cap the process fits in: nothing is evicted, but every fork child is still
 // found, told its own FORK event, entered, served and let go at the detach.
-func TestAttachForkChildrenEntered(t *testing.T) { attachForking(t, "96MiB") }
+func TestAttachForkChildrenEntered(t *testing.T) {
+	attachForking(t, "96MiB", exec.Command(attacheeBin(t), "32", "2", "1"))
+}
 
-func attachForking(t *testing.T, capSize string) {
-	bin := attacheeBin(t)
-	a := startAttachee(t, bin, "32", "2", "1")
+// attachForking attaches to the attachee cmd starts, with forking threads and a churning one.
+func attachForking(t *testing.T, capSize string, cmd *exec.Cmd) {
+	a := startAttacheeCmd(t, cmd)
 	pid := a.cmd.Process.Pid
 	time.Sleep(100 * time.Millisecond) // forking well under way
 	summary := filepath.Join(t.TempDir(), "summary.json")
-	cmd, stderr := attachTo(t, pid, capSize, "--summary-json", summary)
+	farmem, stderr := attachTo(t, pid, capSize, "--summary-json", summary)
 	_, forks0, _ := a.check(t)
 	for end := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		_, forks, bad := a.check(t)
@@ -325,7 +327,7 @@ func attachForking(t *testing.T, capSize string) {
 			t.Fatalf("the attachee forked %d times in 30 s attached", forks-forks0)
 		}
 	}
-	detach(t, cmd, stderr)
+	detach(t, farmem, stderr)
 	if strings.Contains(stderr.String(), "could not be entered") {
 		t.Errorf("farmem could not enter a fork child:\n%s", stderr)
 	}

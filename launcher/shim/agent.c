@@ -25,6 +25,9 @@ struct fm_params {
 	uint64_t mem_len;
 	uint64_t stack_top; /* the agent thread's stack */
 	int32_t lifeline;   /* the read end of the program's lifeline (agent.h, make_lifeline) */
+	int32_t uffd_dev;   /* a /dev/userfaultfd descriptor farmem sent a process that may not open
+			     * the device (it runs as another user), or -1: the staging area's uffd and
+			     * a fork child's are made on it (agent.h, open_uffd) */
 };
 __attribute__((used)) struct fm_params fm_params;
 
@@ -74,6 +77,7 @@ __attribute__((used)) long fm_start(void)
 {
 	ufd = fm_params.ufd;
 	lifeline = fm_params.lifeline;
+	uffd_dev = fm_params.uffd_dev;
 	return spawn_agent();
 }
 
