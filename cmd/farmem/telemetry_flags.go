@@ -17,7 +17,7 @@ import (
 // the Prometheus endpoint and the live stats line.
 func telemetryFlags() []cli.Flag {
 	return append(otlpFlags("fault traces and metrics"), []cli.Flag{
-		&cli.StringFlag{Name: "trace-sample", Value: strconv.FormatFloat(telemetry.DefaultSample, 'g', -1, 64), Usage: "with an OTLP endpoint or --trace-stdout: the share of faults traced, 0 to 1 (head sampling;\n\tan unsampled fast fault costs nothing more than a few clock reads); default: as OTEL_TRACES_SAMPLER\n\tsays, else 0.01"},
+		&cli.StringFlag{Name: "trace-sample", Value: strconv.FormatFloat(telemetry.DefaultSample, 'g', -1, 64), Usage: "with an OTLP endpoint or --trace-stdout: the share of faults traced, 0 to 1 (head sampling;\n\tan unsampled fast fault costs nothing more than a few clock reads); default: as OTEL_TRACES_SAMPLER\n\tsays, else 0.001"},
 		&cli.StringFlag{Name: "trace-slow", Value: telemetry.DefaultSlow.String(), Usage: "trace every fault slower than DURATION, sampled or not (0: none)"},
 		&cli.Int64Flag{Name: "trace-slow-max", Value: telemetry.DefaultSlowMax, Usage: "but at most N a second: past that, slow faults are counted, not traced (0: no bound)"},
 		&cli.BoolFlag{Name: "trace-stdout", Usage: "also print the spans on stdout (debugging; the program's stdout is the same)"},

@@ -535,7 +535,7 @@ func TestOTLPHTTPAndEnvironment(t *testing.T) {
 	t.Run("endpoint-env-alone", func(t *testing.T) {
 		addr, sink := startHTTPSink(t)
 		runMicro(t, []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + addr}, "--quiet")
-		// The default sampling (1 %) and every fault over --trace-slow's 100us: some faults.
+		// The default sampling (0.1 %) and every fault over --trace-slow's 100us: some faults.
 		checkFaultSpans(t, sink, "farmem", false)
 		if len(sink.lastSums("farmem.faults", "farmem.fault.source")) == 0 {
 			t.Fatalf("no farmem.faults metric over the default protocol")
