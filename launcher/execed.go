@@ -274,11 +274,30 @@ func (s *imageServer) serveUnfiltered(a *attachment) {
 	go func() {
 		tick := time.NewTicker(childPoll)
 		defer tick.Stop()
-		for s.rt.Live() > 0 {
+		for i := 1; ; i++ {
 			<-tick.C
 			a.enterChildren()
+			// Until no process carrying its agent is served any more: the image and every
+			// child entered since (each may fork) are gone, or exec'd.
+			if i%lineageCheck == 0 && !a.lineageServed() {
+				return
+			}
 		}
 	}()
+}
+
+// lineageCheck is how many childPoll ticks pass between serveUnfiltered's looks for a process
+// still carrying the image's agent.
+const lineageCheck = 50
+
+// lineageServed reports whether a process carrying a's agent is still served.
+func (a *attachment) lineageServed() bool {
+	for _, p := range a.rt.Processes() {
+		if carriesAgent(p.Pid(), a.mem+agentOffset+a.img.params, a.sock) {
+			return true
+		}
+	}
+	return false
 }
 
 // holdLifeline holds the write end of process pid's lifeline until pid exits (or farmem does,
