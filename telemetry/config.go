@@ -37,10 +37,9 @@ const (
 
 // Defaults of the run flags.
 const (
-	// DefaultSample traces one fault in a thousand: at the tens of thousands of faults a second
-	// a paging program takes here, one in a hundred cost 4.5 % of the fault path's throughput
-	// end to end (the spans, their export, its receiver on the same two CPUs), one in a
-	// thousand 1 % (results/telemetry.md).
+	// DefaultSample traces one fault in a thousand: at the fault rates of a paging program, one
+	// in a hundred cost the fault path more than the 2 % tracing may take of it, end to end (the
+	// spans, their export, a receiver on the same CPUs): results/telemetry.md, section 0.
 	DefaultSample = 0.001
 	DefaultSlow   = 100 * time.Microsecond
 	// DefaultSlowMax bounds the faults traced for being slow to 100 a second: enough to see
