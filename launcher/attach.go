@@ -90,14 +90,12 @@ func CheckAttachable(pid int) error {
 	if i := strings.LastIndexByte(string(st), ')'); i > 0 && len(st) > i+2 && (st[i+2] == 'Z' || st[i+2] == 'X') {
 		return fmt.Errorf("process %d has exited", pid)
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	tracer, err := procfs.TracerPid(pid)
 	if err != nil {
 		return fmt.Errorf("no process %d", pid)
 	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok && strings.TrimSpace(v) != "0" {
-			return fmt.Errorf("process %d is being traced by process %s (a debugger, or farmem entering it)", pid, strings.TrimSpace(v))
-		}
+	if tracer != 0 {
+		return fmt.Errorf("process %d is being traced by process %d (a debugger, or farmem entering it)", pid, tracer)
 	}
 	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {

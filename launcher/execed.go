@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/inject"
+	"github.com/farmem/farmem/procfs"
 	"github.com/farmem/farmem/runtime"
 )
 
@@ -160,8 +161,8 @@ func (s *imageServer) enter(pid int) (err error) {
 	g, err := inject.Seize(pid)
 	if err != nil {
 		if errors.Is(err, inject.ErrNotPermitted) {
-			if tracer := tracerOf(pid); tracer != "" {
-				return fmt.Errorf("process %s traces it, and a process has one tracer", tracer)
+			if tracer, err := procfs.TracerPid(pid); err == nil && tracer != 0 {
+				return fmt.Errorf("process %d traces it, and a process has one tracer", tracer)
 			}
 			return notPermitted(pid)
 		}
@@ -318,20 +319,6 @@ func holdLifeline(pid, lifeline int) {
 			}
 		}
 	}()
-}
-
-// tracerOf returns the pid of the process tracing pid ("" if none, or unknown).
-func tracerOf(pid int) string {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return ""
-	}
-	for _, l := range strings.Split(string(status), "\n") {
-		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok && strings.TrimSpace(v) != "0" {
-			return strings.TrimSpace(v)
-		}
-	}
-	return ""
 }
 
 // fsUID returns the user id process pid accesses files as (the fourth of /proc/PID/status's Uid).
