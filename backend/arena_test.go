@@ -254,3 +254,75 @@ func TestTrimWhileStoring(t *testing.T) {
 		})
 	}
 }
+
+// put copies b into a free blob of a, as Memory and Compressed do, and returns its index.
+func (a *arena) put(b []byte) (int, error) {
+	i, blob, _, err := a.take(len(b))
+	if err != nil {
+		return 0, err
+	}
+	copy(blob, b)
+	return i, nil
+}
+
+// Every never-used blob's memory is handed out to be filled in by the time the blob is, each
+// page once, in page-aligned stretches of at most fillAhead bytes (a blob across a stretch's
+// end takes its stretch a page further); filled in, those pages are resident before anything
+// is written to them, and the blobs then read back what was put.
+func TestArenaFillsInAhead(t *testing.T) {
+	for _, size := range []int{PageSize, 768, 256} {
+		const chunkBytes = 1 << 20
+		a := newArena(size, chunkBytes)
+		n := 3*a.perChunk + 5       // into a fourth chunk
+		handed := map[uintptr]int{} // page address: times handed out
+		var filledPages int
+		for i := range n {
+			idx, dst, ahead, err := a.take(size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if idx != i+1 {
+				t.Fatalf("size %d: take %d gave index %d", size, i, idx)
+			}
+			if ahead != nil {
+				start := uintptr(unsafe.Pointer(&ahead[0]))
+				if start%PageSize != 0 || len(ahead) > fillAhead+PageSize {
+					t.Fatalf("size %d: blob %d handed out %d bytes at %#x: not a page-aligned stretch of at most %d", size, idx, len(ahead), start, fillAhead+PageSize)
+				}
+				before := residentPages(t, &a)
+				prefault(ahead)
+				pages := (len(ahead) + PageSize - 1) / PageSize
+				for p := range pages {
+					handed[start+uintptr(p*PageSize)]++
+				}
+				filledPages += pages
+				if got := residentPages(t, &a); got < before+pages-1 { // the blob's own page may be resident already
+					t.Fatalf("size %d: %d pages resident after filling in %d more, want at least %d", size, got, pages, before+pages-1)
+				}
+			}
+			// The blob's bytes lie on pages handed out already.
+			first := uintptr(unsafe.Pointer(&dst[0])) &^ (PageSize - 1)
+			last := (uintptr(unsafe.Pointer(&dst[0])) + uintptr(size) - 1) &^ (PageSize - 1)
+			for p := first; p <= last; p += PageSize {
+				if handed[p] == 0 {
+					t.Fatalf("size %d: blob %d lies on page %#x, which was never handed out to be filled in", size, idx, p)
+				}
+			}
+			copy(dst, blob(idx, size))
+		}
+		for p, k := range handed {
+			if k != 1 {
+				t.Fatalf("size %d: page %#x handed out %d times", size, p, k)
+			}
+		}
+		if want := 3*((chunkBytes+PageSize-1)/PageSize) + 1; filledPages > want+fillAhead/PageSize {
+			t.Fatalf("size %d: %d pages filled in for %d blobs in 4 chunks, want at most %d", size, filledPages, n, want+fillAhead/PageSize)
+		}
+		for i := 1; i <= n; i++ {
+			if got := a.get(i); !bytes.Equal(got, blob(i, size)) {
+				t.Fatalf("size %d: blob %d reads back different", size, i)
+			}
+		}
+		a.close()
+	}
+}

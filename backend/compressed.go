@@ -101,30 +101,33 @@ func (c *Compressed) Store(src []byte, slots []Slot) error {
 				blob = c.scratch[:k]
 			}
 		}
-		s, err := c.put(blob)
+		s, ahead, err := c.put(blob)
 		if err != nil {
 			c.unput(slots[:i]) // a failed Store keeps nothing: the caller frees no slot of it
 			return err
 		}
+		prefault(ahead) // under zmu, which Close takes: the chunks stay mapped
 		slots[i] = s
 	}
 	return nil
 }
 
-// put copies one blob into its class. mu is held per page, not per batch, so a batch of 256
-// evictions does not hold off the faults arriving meanwhile.
-func (c *Compressed) put(blob []byte) (Slot, error) {
+// put copies one blob into its class, and returns with its slot the memory to fill in ahead
+// (arena.take). mu is held per page, not per batch, so a batch of 256 evictions does not hold
+// off the faults arriving meanwhile.
+func (c *Compressed) put(blob []byte) (Slot, []byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return 0, errClosed
+		return 0, nil, errClosed
 	}
 	class := (len(blob) - 1) / classSize
-	i, err := c.classes[class].put(blob)
+	i, dst, ahead, err := c.classes[class].take(len(blob))
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return Slot(i)<<classBits | Slot(class), nil
+	copy(dst, blob)
+	return Slot(i)<<classBits | Slot(class), ahead, nil
 }
 
 // unput releases the slots a failed Store had filled; after Close they are gone already.

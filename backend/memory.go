@@ -61,23 +61,25 @@ func (m *Memory) Store(src []byte, slots []Slot) error {
 	m.copying.RLock()
 	defer m.copying.RUnlock()
 	for i := 0; i < n; i++ {
-		j, blob, err := m.take()
+		j, blob, ahead, err := m.take()
 		if err != nil {
 			m.unput(slots[:i]) // a failed Store keeps nothing: the caller frees no slot of it
 			return err
 		}
+		prefault(ahead) // under copying, which Close waits for: the chunks stay mapped
 		copy(blob, src[i*PageSize:(i+1)*PageSize])
 		slots[i] = Slot(j)
 	}
 	return nil
 }
 
-// take takes a free slot for a page and returns its blob, to be filled outside mu.
-func (m *Memory) take() (int, []byte, error) {
+// take takes a free slot for a page and returns its blob, to be filled outside mu, and the
+// memory to fill in ahead (arena.take).
+func (m *Memory) take() (int, []byte, []byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return 0, nil, errClosed
+		return 0, nil, nil, errClosed
 	}
 	return m.pages.take(PageSize)
 }
