@@ -108,11 +108,12 @@ func (a *arena) take(n int) (i int, blob, ahead []byte, err error) {
 	return i, c.data[j*a.size : j*a.size+n], ahead, nil
 }
 
-// fillAhead is how much never-used memory a take hands out to be filled in at once. On this
-// machine a first write to a page of a fresh mapping costs several times what it costs after
-// the kernel filled the page in with the others of a range (results/prefault.md): the store's
-// first writes were half of an eviction batch's time while the store grew. A quarter of a MiB
-// is 64 pages to a call, and at most that much filled in before it is used.
+// fillAhead is how much never-used memory a take hands out to be filled in at once. A first
+// write to a page of a fresh mapping faults it in, one fault a page; filled in by the kernel
+// with the others of a range first, the same writes cost half as much here, and the eviction
+// batches of a random walk whose store grows all run long took half as long
+// (results/prefault.md). A quarter of a MiB is 64 pages to a call, and at most that much filled
+// in before it is used.
 const fillAhead = 256 << 10
 
 // fillFor returns the never-used memory to fill in for blob i, a blob never used before:
