@@ -24,10 +24,10 @@ $(AGENT): launcher/shim/agent.c launcher/shim/agent.h
 
 workloads: bin/torture bin/micro bin/pagerank bin/redisdrive bin/memcachedrive bin/floorpager bin/forkexec bin/computing
 # The floor of paging: a minimal C userfaultfd pager and its preload shim (workloads/floor).
-bin/floorpager: workloads/floor/floorpager.c workloads/floor/floor.h bin/floorshim.so
+bin/floorpager: workloads/floor/floorpager.c workloads/floor/floorcore.h workloads/floor/floor.h bin/floorshim.so
 	@mkdir -p bin
 	$(CC) -O2 -Wall -Wextra -pthread -o $@ workloads/floor/floorpager.c
-bin/floorshim.so: workloads/floor/floorshim.c workloads/floor/floor.h
+bin/floorshim.so: workloads/floor/floorshim.c workloads/floor/floorcore.h workloads/floor/floor.h
 	@mkdir -p bin
 	$(CC) -O2 -fPIC -shared -Wall -Wextra -pthread -o $@ workloads/floor/floorshim.c
 bin/torture: workloads/torture/torture.c

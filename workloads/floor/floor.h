@@ -18,6 +18,8 @@
 #define FL_ENV_CTL "FLOOR_CTL_FD"
 #define FL_ENV_AGENT "FLOOR_AGENT_FD"
 #define FL_ENV_SHIM "FLOOR_SHIM"
+/* With floorpager --inproc: "CAP_PAGES,SPLIT_WAKE", and the shim pages the program itself. */
+#define FL_ENV_INPROC "FLOOR_INPROC"
 
 enum {
 	FL_HELLO = 1,    /* shim->pager on ctl, the uffd attached: a=features granted */

@@ -20,12 +20,22 @@
  *     source's protection, and its drop then raises no REMOVE event for the pager to read.
  *
  * The pager leaves the two connections' fds open across its exec of the program and names
- * them in FLOOR_CTL_FD and FLOOR_AGENT_FD; without them the shim does nothing. */
+ * them in FLOOR_CTL_FD and FLOOR_AGENT_FD; without them the shim does nothing.
+ *
+ * With floorpager --inproc (FLOOR_INPROC set instead) the shim is the whole pager: it keeps the
+ * uffd, registers the mappings it sees itself, and a thread of the program runs the pager's core
+ * (floorcore.h) on the program's CPU: faults are served, and batches moved, copied and dropped,
+ * without leaving the process. Its store, FIFO and samples are shared memory, so that none of
+ * it counts as the program's anonymous memory, which the cap holds. It prints the summary line
+ * at exit. This is the floor of a pager that serves faults from within the program's process,
+ * beside the floor of farmem's design. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -41,7 +51,116 @@ static int active, ctl = -1, agent_sock = -1, ufd = -1, stage_ufd = -1;
 static uint64_t stage;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void die(const char *s)
+static uint64_t make_staging(void);
+
+/* ---- --inproc: the pager's core, run by a thread of this process */
+static int inproc;
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+	char b[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(b, sizeof b, fmt, ap);
+	va_end(ap);
+	write(2, "floorpager: ", 12);
+	write(2, b, n < 0 ? 0 : n < (int)sizeof b ? n : (int)sizeof b - 1);
+	write(2, "\n", 1);
+	kill(getpid(), SIGKILL);
+	_exit(1);
+}
+
+#include "floorcore.h"
+
+static int stage_ufd_ = -1;
+static int fl_move(const struct fl_run *runs, int n, uint64_t first, uint64_t *moved, uint64_t *agent_ns)
+{
+	uint64_t dst = staging + first * PG, done = 0, t0 = now_ns();
+	int err = 0;
+	for (int i = 0; i < n && !err; i++) {
+		struct uffdio_move mv = { .dst = dst + done, .src = runs[i].addr, .len = runs[i].len, .mode = UFFDIO_MOVE_MODE_DONTWAKE };
+		if (ioctl(stage_ufd_, UFFDIO_MOVE, &mv) == 0) {
+			done += runs[i].len;
+			continue;
+		}
+		err = errno;
+		if (mv.move > 0) done += mv.move;
+	}
+	*moved = done / PG, *agent_ns = now_ns() - t0;
+	return err;
+}
+
+static const char *fl_staged(int nv)
+{
+	(void)nv;
+	return (const char *)staging;
+}
+
+static int fl_drop(int nv, uint64_t *agent_ns)
+{
+	uint64_t t0 = now_ns();
+	int err = madvise((void *)staging, nv * PG, MADV_DONTNEED) ? errno : 0;
+	*agent_ns = now_ns() - t0;
+	return err;
+}
+
+/* shared_map maps len bytes of shared anonymous memory: shmem, not the program's anonymous
+ * memory; filled in now if populate. NULL on failure. */
+static void *shared_map(uint64_t len, int populate)
+{
+	void *p = (void *)syscall(SYS_mmap, 0, len, PROT_READ | PROT_WRITE,
+				  MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE | (populate ? MAP_POPULATE : 0), -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static char *fl_store(uint64_t len) { return shared_map(len, 1); }
+static const char *fl_status_path(void) { return "/proc/self/status"; }
+static int fl_gone(void) { return 0; }
+static void fl_busy(int b) { (void)b; }
+
+/* start_inproc pages this process from within, at a cap of the pages spec names. */
+static void start_inproc(const char *spec)
+{
+	char *end;
+	cap_pages = strtoull(spec, &end, 10);
+	split_wake = *end == ',' ? atoi(end + 1) : 1;
+	if (cap_pages < FL_BATCH) die("--inproc: the cap is below one batch");
+	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	uffd = dev < 0 ? -1 : ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC);
+	if (dev >= 0) close(dev);
+	if (uffd < 0) die("cannot create a userfaultfd (root, or access to /dev/userfaultfd)");
+	struct uffdio_api api = { .api = UFFD_API,
+		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
+			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
+	if (ioctl(uffd, UFFDIO_API, &api)) die("UFFDIO_API refused the features");
+	errno = 0;
+	staging = stage = make_staging();
+	if (!staging) die("no staging area");
+	stage_ufd_ = stage_ufd;
+	samples = shared_map(NSAMPLES * sizeof *samples, 0);
+	fifo = shared_map(FIFO_CAP * sizeof *fifo, 0);
+	if (!samples || !fifo) die("out of memory");
+	pthread_t t;
+	pthread_attr_t at;
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old); /* the program's signals are for its own threads */
+	if (pthread_create(&t, &at, fault_main, NULL)) die("cannot start the fault thread");
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&at);
+	inproc = active = 1;
+}
+
+__attribute__((destructor)) static void fini(void)
+{
+	if (inproc) print_summary(now_ns(), 0);
+}
+
+static void shim_die(const char *s)
 {
 	/* No pager, no way to serve an evicted page: stop rather than run on. */
 	write(2, "floorshim: ", 11);
@@ -49,13 +168,6 @@ static void die(const char *s)
 	write(2, "\n", 1);
 	kill(getpid(), SIGKILL);
 	_exit(1);
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
 static int send_msg(int s, const struct fl_msg *m, const void *extra, size_t elen, int fd)
@@ -92,11 +204,11 @@ static void *agent_main(void *arg)
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	struct fl_msg h = { .type = FL_AGENT_HELLO, .a = stage, .c = (uint64_t)syscall(SYS_gettid) };
 	if (!stage) h.b = errno ? errno : EINVAL;
-	if (send_msg(agent_sock, &h, NULL, 0, -1) < 0) die("lost the pager");
+	if (send_msg(agent_sock, &h, NULL, 0, -1) < 0) shim_die("lost the pager");
 	char buf[sizeof(struct fl_msg) + FL_BATCH * sizeof(struct fl_run)] __attribute__((aligned(8)));
 	for (;;) {
 		ssize_t n = recv_all(agent_sock, buf, sizeof buf);
-		if (n <= 0) die("lost the pager");
+		if (n <= 0) shim_die("lost the pager");
 		struct fl_msg *m = (struct fl_msg *)buf, d = { 0 };
 		if (m->type == FL_MOVE) {
 			/* Runs go to consecutive staging pages from page m->a on. On an error the
@@ -125,7 +237,7 @@ static void *agent_main(void *arg)
 			d.type = FL_DROP_DONE;
 		} else
 			continue;
-		if (send_msg(agent_sock, &d, NULL, 0, -1) < 0) die("lost the pager");
+		if (send_msg(agent_sock, &d, NULL, 0, -1) < 0) shim_die("lost the pager");
 	}
 	return NULL;
 }
@@ -148,6 +260,14 @@ static uint64_t make_staging(void)
 
 __attribute__((constructor)) static void init(void)
 {
+	const char *in = getenv(FL_ENV_INPROC);
+	if (in) {
+		char spec[64];
+		snprintf(spec, sizeof spec, "%s", in);
+		unsetenv(FL_ENV_INPROC); /* not for what the program execs */
+		start_inproc(spec);
+		return;
+	}
 	const char *c = getenv(FL_ENV_CTL), *a = getenv(FL_ENV_AGENT);
 	if (!c || !a) return;
 	ctl = atoi(c), agent_sock = atoi(a);
@@ -159,14 +279,14 @@ __attribute__((constructor)) static void init(void)
 	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
 	ufd = dev < 0 ? -1 : ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC);
 	if (dev >= 0) close(dev);
-	if (ufd < 0) die("cannot create a userfaultfd (root, or access to /dev/userfaultfd)");
+	if (ufd < 0) shim_die("cannot create a userfaultfd (root, or access to /dev/userfaultfd)");
 	struct uffdio_api api = { .api = UFFD_API,
 		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
 			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
-	if (ioctl(ufd, UFFDIO_API, &api)) die("UFFDIO_API refused the features");
+	if (ioctl(ufd, UFFDIO_API, &api)) shim_die("UFFDIO_API refused the features");
 	struct fl_msg m = { .type = FL_HELLO, .a = api.features };
 	if (send_msg(ctl, &m, NULL, 0, ufd) < 0 || recv_all(ctl, &m, sizeof m) != sizeof m || m.type != FL_HELLO_OK || m.a)
-		die("handshake with the pager failed");
+		shim_die("handshake with the pager failed");
 
 	errno = 0;
 	stage = make_staging();
@@ -175,7 +295,7 @@ __attribute__((constructor)) static void init(void)
 	pthread_attr_init(&at);
 	pthread_attr_setstacksize(&at, 64 << 10);
 	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-	if (pthread_create(&t, &at, agent_main, NULL)) die("cannot start the agent thread");
+	if (pthread_create(&t, &at, agent_main, NULL)) shim_die("cannot start the agent thread");
 	pthread_attr_destroy(&at);
 	active = 1;
 }
@@ -186,12 +306,19 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 	if (r == -1) return MAP_FAILED; /* syscall() set errno */
 	if (active && (flags & MAP_ANONYMOUS) && (flags & (MAP_PRIVATE | MAP_SHARED)) == MAP_PRIVATE &&
 	    (prot & PROT_WRITE) && len >= FL_MIN_MAP && !(flags & MAP_STACK)) {
+		if (inproc) {
+			pthread_mutex_lock(&reg_lock);
+			int err = do_register((uint64_t)r, (len + FL_PAGE - 1) & ~(FL_PAGE - 1));
+			pthread_mutex_unlock(&reg_lock);
+			if (err) die("registering a mapping: %s", strerror(err));
+			return (void *)r;
+		}
 		struct fl_msg m = { .type = FL_REGISTER, .a = (uint64_t)r, .b = (len + FL_PAGE - 1) & ~(FL_PAGE - 1) };
 		pthread_mutex_lock(&ctl_lock);
 		int bad = send_msg(ctl, &m, NULL, 0, -1) < 0 || recv_all(ctl, &m, sizeof m) != sizeof m;
 		pthread_mutex_unlock(&ctl_lock);
-		if (bad) die("lost the pager");
-		if (m.a) die("the pager could not register a mapping");
+		if (bad) shim_die("lost the pager");
+		if (m.a) shim_die("the pager could not register a mapping");
 	}
 	return (void *)r;
 }

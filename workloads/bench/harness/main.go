@@ -59,6 +59,7 @@ type config struct {
 	prefetch string // farmem: the --prefetch value ("" = farmem's default)
 	remote   string // farmem: "" (the embedded store), or tcp or shm (a memory server on this host)
 	swap     string // swap: zram or file
+	inproc   bool   // floor: the pager inside the program (floorpager --inproc)
 	pct      int    // cap as % of the native peak (0 for native)
 }
 
@@ -79,6 +80,9 @@ func (c config) name() string {
 		}
 		return n
 	case "floor":
+		if c.inproc {
+			return "floor-inproc"
+		}
 		return "floor"
 	}
 	return "swap-" + c.swap
@@ -164,7 +168,7 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf, numpy-matmul, jvm-* and node are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul, jvm-g1, jvm-parallel (a 400 MiB heap at scale 1), node (about 330 MiB)")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-before (the -before build, defaults), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis)")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-before (the -before build, defaults), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis), floor-inproc (bin/floorpager --inproc: the same pager run by a thread of the program)")
 	flag.StringVar(&beforeBin, "before", "", "an earlier build of farmem (a binary), run as the farmem-before configuration; the report names its version")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
@@ -313,6 +317,8 @@ func configs(names, caps []string) ([]config, []int, error) {
 				r = append(r, config{kind: "swap", swap: strings.TrimPrefix(n, "swap-"), pct: p})
 			case "floor":
 				r = append(r, config{kind: "floor", pct: p})
+			case "floor-inproc":
+				r = append(r, config{kind: "floor", inproc: true, pct: p})
 			default:
 				return nil, nil, fmt.Errorf("unknown configuration %q", n)
 			}
@@ -577,6 +583,9 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 	case "floor":
 		res.capMiB = h.capMiB(w, c.pct)
 		prefix = []string{floorBin, "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--"}
+		if c.inproc {
+			prefix = append(prefix[:len(prefix)-1], "--inproc", "--")
+		}
 	}
 	warm(h.refs[w.name].peakMiB)
 	vm0 := vmstat()

@@ -229,8 +229,11 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	cg := cgroupWords()
 	p("- **swap-zram / swap-file**: the program in a %s memory cgroup (%s) with swap on,", cg.version, cg.limit)
 	p(" to `/dev/zram0` (lz4) or to a swap file on the root ext4 disk (a virtio disk: the host may cache it, which flatters the file numbers), set up before and torn down after every run by [workloads/swap/linux-swap.sh](../workloads/swap/linux-swap.sh). Only one swap device is on at a time, and none during the native and farmem runs.\n")
-	if slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" }) {
+	if slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" && !c.inproc }) {
 		p("- **floor**: `bin/floorpager --local-mem CAP`, a minimal userfaultfd pager in C built the way farmem pages, with no prefetch and FIFO victims (the micro workloads and redis; see \"The floor\" below and [workloads/floor](../workloads/floor/README.md)).\n")
+	}
+	if slices.ContainsFunc(cfgs, func(c config) bool { return c.inproc }) {
+		p("- **floor-inproc**: `bin/floorpager --inproc --local-mem CAP`, the same pager run by a thread of the program itself (its preload shim): faults served and batches moved, copied and dropped without leaving the program's process, the store in shared memory outside the program's anonymous memory. It measures what serving faults from within the program would give, beside the floor of farmem's cross-process design.\n")
 	}
 	p("- **Caps**: CAP is the given %% of the workload's peak RSS measured in its native run (VmHWM), at least farmem's 16 MiB. farmem caps the program's anonymous memory; a memory cgroup also charges the page cache the program brings in and kernel memory (page tables, socket buffers), so the swap runs' limit is CAP plus the kernel memory the native run's cgroup was charged (%s), the *overhead* column below; page cache gets nothing extra, as the cgroup reclaims it before it swaps anything (a server's binary and libraries were cached and charged before its cgroup existed and are not charged to it). Both therefore hold about CAP of anonymous memory; file-backed pages are outside both caps. At 100 %% both hold the whole native footprint.\n", cg.kmem)
 	p("- Guest memory is warmed before every run (one `dd` block of twice the footprint plus 32 MiB): first touch of cold guest memory costs ~10 µs/page here.\n")
@@ -267,7 +270,7 @@ func (h *harness) report(out string, wls []workload, cfgs []config, pcts []int, 
 	}
 	p("\n## Headline: throughput x native (medians)\n\n")
 	// The floor's columns only in a run that has it (an older run's re-render stays as it was).
-	withFloor := slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" })
+	withFloor := slices.ContainsFunc(cfgs, func(c config) bool { return c.kind == "floor" && !c.inproc })
 	p("| workload | cap | cap MiB | farmem | farmem-none | swap-zram | swap-file | farmem / swap-zram | farmem / swap-file |")
 	if withFloor {
 		p(" floor | farmem / floor |")
