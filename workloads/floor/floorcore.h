@@ -12,6 +12,8 @@
  *   fl_staged(nv)             the first nv staging pages' contents, readable here
  *   fl_drop(nv, &agent_ns)    madvise(DONTNEED) the first nv staging pages; 0 or an errno
  *   fl_store(len)             len bytes for a range's slots, filled in; NULL if none
+ *   fl_zalloc(len)            len bytes of zeros for a range's state; NULL if none (the shim
+ *                             must not call the program's malloc from its mmap)
  *   fl_status_path()          the program's /proc status file
  *   fl_gone(), fl_busy(b)     the program has exited; the fault thread is handling a read */
 #ifndef FLOORCORE_H
@@ -35,6 +37,7 @@ static int fl_move(const struct fl_run *runs, int n, uint64_t first, uint64_t *m
 static const char *fl_staged(int nv);
 static int fl_drop(int nv, uint64_t *agent_ns);
 static char *fl_store(uint64_t len);
+static void *fl_zalloc(uint64_t len);
 static const char *fl_status_path(void);
 static int fl_gone(void);
 static void fl_busy(int b);
@@ -363,8 +366,8 @@ static int do_register(uint64_t addr, uint64_t len)
 	if (ioctl(uffd, UFFDIO_REGISTER, &reg)) return errno;
 	struct range *r = &ranges[n];
 	r->start = addr, r->npages = len / PG;
-	r->state = calloc(r->npages, 1);
-	r->queued = calloc(r->npages, 1);
+	r->state = fl_zalloc(r->npages);
+	r->queued = fl_zalloc(r->npages);
 	/* The store, filled in now: the steady state should not pay the first touch of fresh
 	 * memory (costly in a VM: results/prefault.md), which no pager's store pays twice. */
 	r->store = fl_store(len);

@@ -121,6 +121,8 @@ static char *fl_store(uint64_t len)
 	return s == MAP_FAILED ? NULL : s;
 }
 
+static void *fl_zalloc(uint64_t len) { return calloc(len, 1); }
+
 static const char *fl_status_path(void)
 {
 	static char path[64];
