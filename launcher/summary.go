@@ -70,8 +70,9 @@ type Summary struct {
 	// binary, LD_PRELOAD dropped) and that farmem could not enter: they ran without farmem.
 	UnservedImages int64 `json:"unserved_images"`
 	// UnfilteredProcesses: processes served without the mapping filter, which they could not
-	// install (running as another user, they may not) and did not inherit: the mappings glibc
-	// made in them internally were found by polling.
+	// install (running as another user, they may not) and did not inherit: the mappings made in
+	// them out of the shim's sight (glibc's internal ones; in a static program, all) were found
+	// by polling.
 	UnfilteredProcesses int64 `json:"unfiltered_processes"`
 	// EnteredImages: images processes of the run exec'd that did not load the shim, which
 	// farmem entered by injection, as it enters a static program, and served from then on.
@@ -285,9 +286,9 @@ func summaryLines(s *Summary) []string {
 	}
 	switch {
 	case s.UnfilteredProcesses == 1:
-		line("a process was served without the mapping filter (named above): what glibc mapped in it internally was found by polling, and may have passed the cap until it was")
+		line("a process was served without the mapping filter (named above): what it mapped out of the shim's sight (glibc's internal mappings; in a static program, all) was found by polling, and may have passed the cap until it was")
 	case s.UnfilteredProcesses > 1:
-		line("%s processes were served without the mapping filter (the first named above): what glibc mapped in them internally was found by polling, and may have passed the cap until it was",
+		line("%s processes were served without the mapping filter (the first named above): what they mapped out of the shim's sight (glibc's internal mappings; in a static program, all) was found by polling, and may have passed the cap until it was",
 			count(s.UnfilteredProcesses))
 	}
 	if s.OverCapFaults > 0 {

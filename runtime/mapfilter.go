@@ -73,7 +73,7 @@ func (rt *Runtime) filterMappings(p *Process) {
 			rt.Stats.Unfiltered.Add(1) // a process with a fork server is not served without
 		}
 		if p.forks.Load() == nil && rt.filterFailed.CompareAndSwap(false, true) {
-			fmt.Fprintf(os.Stderr, "farmem: %s: glibc's internal mappings are found by polling, and the cap may be overshot while they are\n", filterRefusal(p.Pid(), err))
+			fmt.Fprintf(os.Stderr, "farmem: %s: the mappings made out of the shim's sight (glibc's internal ones; in a static program, all) are found by polling, and the cap may be overshot until they are\n", filterRefusal(p.Pid(), err))
 		}
 		return
 	}

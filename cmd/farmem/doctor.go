@@ -116,9 +116,9 @@ func doctor() []check {
 	}
 	out = append(out, memcgCheck())
 	if hasCapability(21) { // CAP_SYS_ADMIN
-		out = append(out, check{checkOK, "seccomp user notification", "the mapping filter hands farmem glibc's internal mmap and brk calls"})
+		out = append(out, check{checkOK, "seccomp user notification", "the mapping filter hands farmem glibc's internal mmap and brk calls, and a static program's"})
 	} else {
-		out = append(out, check{checkDegraded, "seccomp user notification", "installing the mapping filter needs CAP_SYS_ADMIN (farmem does not set no_new_privs behind a program's back): glibc's internal mappings are found by polling, and the cap may be overshot while they are"})
+		out = append(out, check{checkDegraded, "seccomp user notification", "installing the mapping filter needs CAP_SYS_ADMIN (farmem does not set no_new_privs behind a program's back): glibc's internal mappings, and every mapping of a static program, are found by polling, and the cap may be overshot until they are"})
 	}
 	transports := "tcp, shm"
 	if rdmaDial != nil {
