@@ -231,6 +231,21 @@ static int recv_fd(int s, struct fl_msg *m, int *fd)
 	return n == sizeof *m ? 0 : -1;
 }
 
+/* exec_with_shim runs in the forked child: dies with the pager, preloads the shim before what
+ * LD_PRELOAD held, and execs the program (or says why it could not, exit 127). */
+static void exec_with_shim(pid_t parent, const char *shim, char **args)
+{
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent) _exit(1);
+	const char *pre = getenv("LD_PRELOAD");
+	char *lp;
+	if (asprintf(&lp, "%s%s%s", shim, pre && *pre ? ":" : "", pre ? pre : "") < 0) _exit(127);
+	setenv("LD_PRELOAD", lp, 1);
+	execvp(args[0], args);
+	fprintf(stderr, "floorpager: %s: %s\n", args[0], strerror(errno));
+	_exit(127);
+}
+
 /* run_inproc runs the program with the shim told to page it from within (FL_ENV_INPROC: the
  * cap in pages, and whether it splits the wake), and exits as it did; the shim prints the
  * summary line. */
@@ -240,18 +255,10 @@ static int run_inproc(const char *shim, char **args, int split)
 	child = fork();
 	if (child < 0) die("fork: %s", strerror(errno));
 	if (child == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent) _exit(1);
 		char b[64];
 		snprintf(b, sizeof b, "%lu,%d", (unsigned long)cap_pages, split);
 		setenv(FL_ENV_INPROC, b, 1);
-		const char *pre = getenv("LD_PRELOAD");
-		char *lp;
-		if (asprintf(&lp, "%s%s%s", shim, pre && *pre ? ":" : "", pre ? pre : "") < 0) _exit(127);
-		setenv("LD_PRELOAD", lp, 1);
-		execvp(args[0], args);
-		fprintf(stderr, "floorpager: %s: %s\n", args[0], strerror(errno));
-		_exit(127);
+		exec_with_shim(parent, shim, args);
 	}
 	signal(SIGINT, SIG_IGN), signal(SIGTERM, SIG_IGN); /* they reach the program; we outlive it */
 	int ws;
@@ -317,8 +324,6 @@ int main(int argc, char **argv)
 	child = fork();
 	if (child < 0) die("fork: %s", strerror(errno));
 	if (child == 0) {
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent) _exit(1);
 		/* The child's ends stay open across exec (dup2 clears CLOEXEC). */
 		int c = dup2(cs[1], 100), a = dup2(as[1], 101);
 		char b[16];
@@ -326,13 +331,7 @@ int main(int argc, char **argv)
 		setenv(FL_ENV_CTL, b, 1);
 		snprintf(b, sizeof b, "%d", a);
 		setenv(FL_ENV_AGENT, b, 1);
-		const char *pre = getenv("LD_PRELOAD");
-		char *lp;
-		if (asprintf(&lp, "%s%s%s", shim, pre && *pre ? ":" : "", pre ? pre : "") < 0) _exit(127);
-		setenv("LD_PRELOAD", lp, 1);
-		execvp(argv[i], argv + i);
-		fprintf(stderr, "floorpager: %s: %s\n", argv[i], strerror(errno));
-		_exit(127);
+		exec_with_shim(parent, shim, argv + i);
 	}
 	close(cs[1]), close(as[1]);
 	ctl = cs[0], agent = as[0];

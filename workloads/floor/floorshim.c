@@ -52,6 +52,7 @@ static uint64_t stage;
 static pthread_mutex_t ctl_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t make_staging(void);
+static void shim_die(const char *s) __attribute__((noreturn));
 
 /* ---- --inproc: the pager's core, run by a thread of this process */
 static int inproc;
@@ -122,6 +123,23 @@ static const char *fl_status_path(void) { return "/proc/self/status"; }
 static int fl_gone(void) { return 0; }
 static void fl_busy(int b) { (void)b; }
 
+/* new_uffd makes the program's userfaultfd with the features farmem asks for (blocking: the
+ * pager's fault thread sleeps in read(2) on it) and says which the kernel granted, or stops the
+ * program saying why. */
+static int new_uffd(uint64_t *features)
+{
+	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
+	int fd = dev < 0 ? -1 : ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC);
+	if (dev >= 0) close(dev);
+	if (fd < 0) shim_die("cannot create a userfaultfd (root, or access to /dev/userfaultfd)");
+	struct uffdio_api api = { .api = UFFD_API,
+		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
+			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
+	if (ioctl(fd, UFFDIO_API, &api)) shim_die("UFFDIO_API refused the features");
+	*features = api.features;
+	return fd;
+}
+
 /* start_inproc pages this process from within, at a cap of the pages spec names. */
 static void start_inproc(const char *spec)
 {
@@ -129,14 +147,9 @@ static void start_inproc(const char *spec)
 	cap_pages = strtoull(spec, &end, 10);
 	split_wake = *end == ',' ? atoi(end + 1) : 1;
 	if (cap_pages < FL_BATCH) die("--inproc: the cap is below one batch");
-	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-	uffd = dev < 0 ? -1 : ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC);
-	if (dev >= 0) close(dev);
-	if (uffd < 0) die("cannot create a userfaultfd (root, or access to /dev/userfaultfd)");
-	struct uffdio_api api = { .api = UFFD_API,
-		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
-			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
-	if (ioctl(uffd, UFFDIO_API, &api)) die("UFFDIO_API refused the features");
+	uint64_t features;
+	uffd = new_uffd(&features);
+	(void)features;
 	errno = 0;
 	staging = stage = make_staging();
 	if (!staging) die("no staging area");
@@ -277,16 +290,9 @@ __attribute__((constructor)) static void init(void)
 	unsetenv(FL_ENV_CTL), unsetenv(FL_ENV_AGENT);
 	fcntl(ctl, F_SETFD, FD_CLOEXEC), fcntl(agent_sock, F_SETFD, FD_CLOEXEC);
 
-	/* Blocking: the pager's fault thread sleeps in read(2) on it. */
-	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
-	ufd = dev < 0 ? -1 : ioctl(dev, USERFAULTFD_IOC_NEW, O_CLOEXEC);
-	if (dev >= 0) close(dev);
-	if (ufd < 0) shim_die("cannot create a userfaultfd (root, or access to /dev/userfaultfd)");
-	struct uffdio_api api = { .api = UFFD_API,
-		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
-			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
-	if (ioctl(ufd, UFFDIO_API, &api)) shim_die("UFFDIO_API refused the features");
-	struct fl_msg m = { .type = FL_HELLO, .a = api.features };
+	uint64_t features;
+	ufd = new_uffd(&features);
+	struct fl_msg m = { .type = FL_HELLO, .a = features };
 	if (send_msg(ctl, &m, NULL, 0, ufd) < 0 || recv_all(ctl, &m, sizeof m) != sizeof m || m.type != FL_HELLO_OK || m.a)
 		shim_die("handshake with the pager failed");
 
