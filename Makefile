@@ -103,10 +103,11 @@ bench-swap: build bin/farmem-bench
 	bin/farmem-bench $(FLAGS)
 	@$(MAKE) --no-print-directory swap-check
 # The floor of paging beside farmem and zram, on the micro walks only (results/floor/swap.md,
-# its section "The floor"); bench-swap runs the floor configuration too.
+# its section "The floor"); bench-swap runs the floor configuration too. floor-inproc is the same
+# pager served from within the program (results/inproc.md).
 .PHONY: bench-floor
 bench-floor: build bin/farmem-bench
-	bin/farmem-bench -workloads micro-random,micro-seq -configs floor,farmem,farmem-none,swap-zram -nopaging 0 -out results/floor $(FLAGS)
+	bin/farmem-bench -workloads micro-random,micro-seq -configs floor,floor-inproc,farmem,farmem-none,swap-zram -nopaging 0 -out results/floor $(FLAGS)
 	@$(MAKE) --no-print-directory swap-check
 # The CI-sized swap run: one round, 32 MiB micro random and a small redis, one cap, zram only
 # (under a minute on an idle machine). It fails if the swap setup fails, and checks nothing was left on.
