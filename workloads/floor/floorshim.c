@@ -75,14 +75,13 @@ static void die(const char *fmt, ...)
 
 #include "floorcore.h"
 
-static int stage_ufd_ = -1;
 static int fl_move(const struct fl_run *runs, int n, uint64_t first, uint64_t *moved, uint64_t *agent_ns)
 {
 	uint64_t dst = staging + first * PG, done = 0, t0 = now_ns();
 	int err = 0;
 	for (int i = 0; i < n && !err; i++) {
 		struct uffdio_move mv = { .dst = dst + done, .src = runs[i].addr, .len = runs[i].len, .mode = UFFDIO_MOVE_MODE_DONTWAKE };
-		if (ioctl(stage_ufd_, UFFDIO_MOVE, &mv) == 0) {
+		if (ioctl(stage_ufd, UFFDIO_MOVE, &mv) == 0) {
 			done += runs[i].len;
 			continue;
 		}
@@ -124,8 +123,8 @@ static int fl_gone(void) { return 0; }
 static void fl_busy(int b) { (void)b; }
 
 /* new_uffd makes the program's userfaultfd with the features farmem asks for (blocking: the
- * pager's fault thread sleeps in read(2) on it) and says which the kernel granted, or stops the
- * program saying why. */
+ * pager's fault thread sleeps in read(2) on it) and says which the kernel granted (features may
+ * be NULL), or stops the program saying why. */
 static int new_uffd(uint64_t *features)
 {
 	int dev = open("/dev/userfaultfd", O_RDWR | O_CLOEXEC);
@@ -136,7 +135,7 @@ static int new_uffd(uint64_t *features)
 		.features = UFFD_FEATURE_EVENT_FORK | UFFD_FEATURE_EVENT_REMOVE | UFFD_FEATURE_EVENT_UNMAP |
 			    UFFD_FEATURE_EVENT_REMAP | UFFD_FEATURE_THREAD_ID | UFFD_FEATURE_PAGEFAULT_FLAG_WP };
 	if (ioctl(fd, UFFDIO_API, &api)) shim_die("UFFDIO_API refused the features");
-	*features = api.features;
+	if (features) *features = api.features;
 	return fd;
 }
 
@@ -147,13 +146,10 @@ static void start_inproc(const char *spec)
 	cap_pages = strtoull(spec, &end, 10);
 	split_wake = *end == ',' ? atoi(end + 1) : 1;
 	if (cap_pages < FL_BATCH) die("--inproc: the cap is below one batch");
-	uint64_t features;
-	uffd = new_uffd(&features);
-	(void)features;
+	uffd = new_uffd(NULL);
 	errno = 0;
 	staging = stage = make_staging();
 	if (!staging) die("no staging area");
-	stage_ufd_ = stage_ufd;
 	samples = shared_map(NSAMPLES * sizeof *samples, 0);
 	fifo = shared_map(FIFO_CAP * sizeof *fifo, 0);
 	if (!samples || !fifo) die("out of memory");
