@@ -110,10 +110,10 @@ func (a *arena) take(n int) (i int, blob, ahead []byte, err error) {
 
 // fillAhead is how much never-used memory a take hands out to be filled in at once. A first
 // write to a page of a fresh mapping faults it in, one fault a page; filled in by the kernel
-// with the others of a range first, the same writes cost half as much here, and the eviction
-// batches of a random walk whose store grows all run long took half as long
-// (results/prefault.md). A quarter of a MiB is 64 pages to a call, and at most that much filled
-// in before it is used.
+// with the others of a range first, the same writes cost half as much on a VM guest, where every
+// first touch is the host's work too, and the eviction batches of a random walk whose store
+// grows all run long took half as long (results/prefault.md). A quarter of a MiB is 64 pages
+// to a call, and at most that much filled in before it is used.
 const fillAhead = 256 << 10
 
 // fillFor returns the never-used memory to fill in for blob i, a blob never used before:
@@ -249,8 +249,8 @@ func (a *arena) locate(i int) (*chunk, int) {
 // prefault has the kernel fill in b's pages (a page-aligned stretch of a chunk) for writing,
 // in one call, before the store writes them one by one. It changes no page already present,
 // so a page written meanwhile keeps what was written. Where the kernel has no
-// MADV_POPULATE_WRITE (before Linux 5.14) it stops trying, and the first writes fault them in
-// as they did before; any other failure leaves the same to them.
+// MADV_POPULATE_WRITE (before Linux 5.14) it stops trying, and the first writes fault the
+// pages in one by one; any other failure leaves the same to them.
 func prefault(b []byte) {
 	if len(b) == 0 || noPrefault.Load() {
 		return

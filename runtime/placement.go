@@ -12,13 +12,13 @@ import (
 // placement keeps a process's fault thread on the CPU of the thread that faults, and, while the
 // process pages, keeps the threads that fault there too.
 //
-// A wakeup across CPUs can cost far more than a userfaultfd round trip on one CPU (docs/DESIGN.md,
-// "Latency": the idle CPU must be interrupted out of the hypervisor). When the faulting thread
-// and the fault thread share a CPU, the fault switches straight to the fault thread and back,
-// with no interrupt. Where a switch between processes is dearer than that interrupt, holding
-// the program with the fault thread still paid (results/machine.md). So every checkEvery faults the fault thread looks up where
-// the last faulting thread runs (/proc) and moves itself there, unless it holds program threads
-// on its CPU already.
+// A wakeup across CPUs can cost far more than a userfaultfd round trip on one CPU
+// (docs/DESIGN.md, "Latency": the idle CPU must be interrupted out of the hypervisor). When the
+// faulting thread and the fault thread share a CPU, the fault switches straight to the fault
+// thread and back, with no interrupt. Where a switch between processes costs more than that
+// interrupt, holding the program with the fault thread still paid (results/machine.md). So
+// every checkEvery faults the fault thread looks up where the last faulting thread runs (/proc)
+// and moves itself there, unless it holds program threads on its CPU already.
 //
 // Following is not enough: a program left free still ran on both CPUs by turns, and its faults
 // went slow; pinned where it ran, it paged several times as fast (results/eviction.md, "Where
