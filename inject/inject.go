@@ -203,6 +203,16 @@ func (t *Tracee) Syscall(nr uintptr, args ...uint64) (uint64, error) {
 	r := saved
 	setArgs(&r, nr, args)
 	res, err := t.step(&r)
+	// A signal that interrupts a blocking call leaves it one of the kernel's restart codes, which
+	// the kernel turns into the call made again once it has handled the signal. A single step
+	// traps at the call's exit, before that: the code would reach the caller, which no program
+	// ever sees. So the call is made again, as the kernel would; on the way the signal stops the
+	// tracee first, and waitTrap keeps it for Detach.
+	for tries := 0; err == nil && restartCode(res) && tries < maxRestarts; tries++ {
+		r = saved
+		setArgs(&r, nr, args)
+		res, err = t.step(&r)
+	}
 	// Put everything back even if the step failed, unless the tracee is gone.
 	if t.ended == nil {
 		if _, perr := unix.PtracePokeText(t.pid, base, orig); perr != nil && err == nil {
@@ -219,6 +229,19 @@ func (t *Tracee) Syscall(nr uintptr, args ...uint64) (uint64, error) {
 		return res, unix.Errno(-int64(res))
 	}
 	return res, nil
+}
+
+// maxRestarts bounds how many times Syscall makes one call again after signals interrupted it.
+const maxRestarts = 64
+
+// restartCode reports whether res is one of the kernel's internal restart codes
+// (include/linux/errno.h: ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND, ERESTART_RESTARTBLOCK).
+func restartCode(res uint64) bool {
+	switch int64(res) {
+	case -512, -513, -514, -516:
+		return true
+	}
+	return false
 }
 
 func setArgs(r *unix.PtraceRegs, nr uintptr, args []uint64) {

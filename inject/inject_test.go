@@ -221,6 +221,47 @@ func TestSyscallErrno(t *testing.T) {
 	}
 }
 
+// A blocking call made in the tracee that a signal interrupts is made again, as the kernel
+// would restart it: the caller never sees the kernel's internal ERESTARTSYS. The signal
+// (SIGWINCH, ignored by default) is kept, and the call returns what it was waiting for.
+func TestSyscallRestartsAfterASignal(t *testing.T) {
+	tr, _ := start(t)
+	page := mmapPage(t, tr, unix.PROT_READ|unix.PROT_WRITE)
+	if _, err := tr.Syscall(unix.SYS_PIPE2, page, 0); err != nil {
+		t.Fatalf("pipe2 in the tracee: %v", err)
+	}
+	fds := make([]byte, 8)
+	if err := tr.Read(page, fds); err != nil {
+		t.Fatal(err)
+	}
+	rfd, wfd := binary.LittleEndian.Uint32(fds), binary.LittleEndian.Uint32(fds[4:])
+	pid := tr.Pid()
+	done := make(chan error, 1)
+	go func() {
+		// While the read below waits: a signal first, then something to read.
+		time.Sleep(200 * time.Millisecond)
+		unix.Kill(pid, unix.SIGWINCH)
+		time.Sleep(200 * time.Millisecond)
+		w, err := os.OpenFile(fmt.Sprintf("/proc/%d/fd/%d", pid, wfd), os.O_WRONLY, 0)
+		if err == nil {
+			_, err = w.Write([]byte{42})
+			w.Close()
+		}
+		done <- err
+	}()
+	n, err := tr.Syscall(unix.SYS_READ, uint64(rfd), page+64, 1)
+	if werr := <-done; werr != nil {
+		t.Fatalf("writing into the tracee's pipe: %v", werr)
+	}
+	if err != nil || n != 1 {
+		t.Fatalf("read in the tracee, interrupted by a signal: %d, %v; want 1 byte", n, err)
+	}
+	b := make([]byte, 1)
+	if err := tr.Read(page+64, b); err != nil || b[0] != 42 {
+		t.Fatalf("the tracee read %v (%v), want 42", b, err)
+	}
+}
+
 func TestWriteReadMemory(t *testing.T) {
 	tr, _ := start(t)
 	page := mmapPage(t, tr, unix.PROT_READ|unix.PROT_WRITE)
