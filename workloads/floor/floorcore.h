@@ -223,7 +223,8 @@ static void evict(void)
 	uint64_t t1 = now_ns();
 	st.move_ns += t1 - t;
 
-	/* readv: every staging page is present (moved), so reading them never faults. */
+	/* read the staged pages (readv_ns: process_vm_readv from the pager, nothing in the
+	 * program): every one is present (moved), so reading them never faults. */
 	const char *staged = fl_staged(nv);
 	uint64_t t2 = now_ns();
 	st.readv_ns += t2 - t1;

@@ -582,10 +582,11 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		prefix = []string{swapScript, "exec", "run"}
 	case "floor":
 		res.capMiB = h.capMiB(w, c.pct)
-		prefix = []string{floorBin, "--local-mem", fmt.Sprintf("%dMiB", res.capMiB), "--"}
+		prefix = []string{floorBin, "--local-mem", fmt.Sprintf("%dMiB", res.capMiB)}
 		if c.inproc {
-			prefix = append(prefix[:len(prefix)-1], "--inproc", "--")
+			prefix = append(prefix, "--inproc")
 		}
+		prefix = append(prefix, "--")
 	}
 	warm(h.refs[w.name].peakMiB)
 	vm0 := vmstat()
