@@ -1,7 +1,9 @@
 /* handlercpu: what one missing-page fault costs the faulting thread, by where its userfaultfd
  * handler runs: a thread of the faulting process or another process (farmem's way), on the
- * faulting thread's CPU or on the other one; and, beside them, the kernel's own anonymous fault
- * on the same pattern (a page discarded with MADV_DONTNEED, then written).
+ * faulting thread's CPU or on the other one, the latter either sleeping in read until a fault
+ * comes or polling the uffd without sleeping (a CPU given to the handler); and, beside them,
+ * the kernel's own anonymous fault on the same pattern (a page discarded with MADV_DONTNEED,
+ * then written).
  *
  * The faulting thread is pinned to CPU 0 and writes one byte to each page of a registered
  * region in order; the handler answers each fault with one UFFDIO_COPY of a 4 KiB page. The
@@ -29,7 +31,7 @@
 
 #define PS 4096UL
 
-static int uffd, handler_cpu;
+static int uffd, handler_cpu, poll_uffd;
 static char *src;
 
 static void pin(int c) {
@@ -50,6 +52,8 @@ static double now(void) {
 
 static void serve(void) {
   pin(handler_cpu);
+  if (poll_uffd) /* read returns EAGAIN at once: the loop below never sleeps */
+    fcntl(uffd, F_SETFL, fcntl(uffd, F_GETFL) | O_NONBLOCK);
   struct uffd_msg m;
   for (;;) {
     ssize_t n = read(uffd, &m, sizeof m);
@@ -80,8 +84,9 @@ static double faults(char *r, size_t pages) {
   return (now() - t0) * 1e6 / pages;
 }
 
-/* uffd_round: one round with the handler as a thread (proc 0) or a process, on cpu. */
-static double uffd_round(size_t pages, int proc, int cpu) {
+/* uffd_round: one round with the handler as a thread (proc 0) or a process, on cpu, polling
+ * the uffd (polls 1) or sleeping in read. */
+static double uffd_round(size_t pages, int proc, int cpu, int polls) {
   size_t len = pages * PS;
   char *r = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   for (size_t i = 0; i < len; i += PS)
@@ -95,6 +100,7 @@ static double uffd_round(size_t pages, int proc, int cpu) {
     exit(1);
   }
   handler_cpu = cpu;
+  poll_uffd = polls;
   pid_t child = 0;
   pthread_t t;
   if (proc) {
@@ -111,7 +117,7 @@ static double uffd_round(size_t pages, int proc, int cpu) {
     kill(child, SIGKILL);
     waitpid(child, NULL, 0);
   } else {
-    pthread_cancel(t); /* it waits in read, a cancellation point */
+    pthread_cancel(t); /* read, where it waits or polls, is a cancellation point */
     pthread_join(t, NULL);
   }
   close(uffd);
@@ -125,16 +131,17 @@ int main(int argc, char **argv) {
   src = aligned_alloc(PS, PS);
   memset(src, 7, PS);
   pin(0);
-  printf("round pages kernel_us thread_same_cpu_us process_same_cpu_us thread_other_cpu_us process_other_cpu_us\n");
+  printf("round pages kernel_us thread_same_cpu_us process_same_cpu_us thread_other_cpu_us process_other_cpu_us thread_other_cpu_polling_us process_other_cpu_polling_us\n");
   for (int k = 1; k <= rounds; k++) {
     char *r = mmap(NULL, pages * PS, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     faults(r, pages);
     madvise(r, pages * PS, MADV_DONTNEED);
     double kernel = faults(r, pages);
     munmap(r, pages * PS);
-    double ts = uffd_round(pages, 0, 0), ps = uffd_round(pages, 1, 0);
-    double to = uffd_round(pages, 0, 1), po = uffd_round(pages, 1, 1);
-    printf("%d %zu %.2f %.2f %.2f %.2f %.2f\n", k, pages, kernel, ts, ps, to, po);
+    double ts = uffd_round(pages, 0, 0, 0), ps = uffd_round(pages, 1, 0, 0);
+    double to = uffd_round(pages, 0, 1, 0), po = uffd_round(pages, 1, 1, 0);
+    double top = uffd_round(pages, 0, 1, 1), pop = uffd_round(pages, 1, 1, 1);
+    printf("%d %zu %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n", k, pages, kernel, ts, ps, to, po, top, pop);
     fflush(stdout);
   }
   return 0;
