@@ -462,10 +462,11 @@ func (h *harness) progress(f string, a ...any) {
 	fmt.Fprintln(h.log, msg)
 }
 
-// warm touches guest memory before a run: first touch of guest memory not used recently costs
-// ~10 µs/page here, which would bill whichever run came first. dd's one block of twice the
-// footprint plus 32 MiB (the program and farmem's store of its pages; 64 MiB to 1 GiB) is
-// written into, then given back. It costs about a second a run here, as much as a run.
+// warm touches guest memory before a run: on a VM the first touch of guest memory the guest
+// has not used lately is host work, several times a warm page's fault (docs/DESIGN.md,
+// "Latency", and results/machine.md per host), which would bill whichever run came first. dd's
+// one block of twice the footprint plus 32 MiB (the program and farmem's store of its pages;
+// 64 MiB to 1 GiB) is written into, then given back. It costs about as long as a short run.
 func warm(peakMiB int) {
 	mib := min(max(2*peakMiB+32, 64), 1024)
 	exec.Command("dd", "if=/dev/zero", "of=/dev/null", fmt.Sprintf("bs=%dM", mib), "count=1").Run()
