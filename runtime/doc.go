@@ -6,8 +6,9 @@
 //     before its hello, which names that event by the child's fork probe: forkclaim.go), retired
 //     when it exits. An image it exec's that does not load the shim is entered by the launcher
 //     (execed.go, ImageServer), and so is one a vfork child of it exec's, which the mapping
-//     filter tells of (vforkexec.go) or the rescan loop finds (unseenimages.go); a raw fork's
-//     child, which no atfork handler of the shim runs in, is entered too (Config.RawForks).
+//     filter tells of (vforkexec.go), or the kernel's exec events or the rescan loop find
+//     (unseenimages.go); a raw fork's child, which no atfork handler of the shim runs in, is
+//     entered too (Config.RawForks).
 //     A Process is the evictor's Target and its fetcher's Host: package fetcher serves its
 //     faults, package evictor takes its pages; the runtime holds what both must agree on (the
 //     cap, the uffd's life, the agent).
@@ -57,7 +58,8 @@
 //
 // # Goroutines
 //
-// The evictor (Evictor.Loop, one OS thread) and the rescan loop run from Start to Close. Each
+// The evictor (Evictor.Loop, one OS thread), the rescan loop and, where farmem may listen to the
+// kernel's exec events, their reader (watchExecs) run from Start to Close. Each
 // process has its fault thread and, with memory servers and a prefetcher, a prefetch worker
 // (package fetcher), and an exit watcher that retires it. Each mapping filter has a listener,
 // and each notified call a goroutine of its own (an agent round trip must not hold up another

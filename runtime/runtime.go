@@ -13,6 +13,7 @@ import (
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/prefetch"
+	"github.com/farmem/farmem/procevents"
 )
 
 // PageSize is the page size farmem manages.
@@ -141,6 +142,9 @@ type Runtime struct {
 	started  atomic.Bool
 	stop     chan struct{}  // closed by Close: the loops end
 	finished sync.WaitGroup // the loops and the filter listeners
+	// execs tells of execs as they happen (watchExecs); set by Start where farmem may listen,
+	// closed by Close.
+	execs *procevents.Execs
 }
 
 // New makes the runtime of one run. Start runs it; Close ends it.
@@ -171,8 +175,9 @@ func New(cfg Config) (*Runtime, error) {
 	return rt, nil
 }
 
-// Start runs the evictor and the RSS poll that arms the run and finds unseen mappings. Call it
-// once, before the first Attach.
+// Start runs the evictor, the RSS poll that arms the run and finds unseen mappings, and, in a run
+// that enters exec'd images, the watch of the kernel's exec events. Call it once, before the
+// first Attach.
 func (rt *Runtime) Start() {
 	if !rt.started.CompareAndSwap(false, true) {
 		return
@@ -180,6 +185,14 @@ func (rt *Runtime) Start() {
 	rt.finished.Add(2)
 	go func() { defer rt.finished.Done(); rt.evictor.Loop(rt.stop) }()
 	go func() { defer rt.finished.Done(); rt.rescanLoop() }()
+	if rt.cfg.Images == nil {
+		return
+	}
+	if execs, err := procevents.Listen(); err == nil { // else the rescan loop looks for them
+		rt.execs = execs
+		rt.finished.Add(1)
+		go func() { defer rt.finished.Done(); rt.watchExecs(execs) }()
+	}
 }
 
 // Close retires every process, waits until nothing holds a slot of the backend, and stops the
@@ -195,6 +208,9 @@ func (rt *Runtime) Close() {
 	}
 	rt.mu.Unlock()
 	close(rt.stop)
+	if rt.execs != nil {
+		rt.execs.Close()
+	}
 	rt.finished.Wait()
 }
 

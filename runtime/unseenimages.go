@@ -1,19 +1,26 @@
 package runtime
 
 import (
+	"errors"
+
 	"github.com/farmem/farmem/evictor"
+	"github.com/farmem/farmem/procevents"
 	"github.com/farmem/farmem/procfs"
 )
 
 // Images nothing told farmem of. An exec ends a served process's control connection
 // (ControlEnded), and the mapping filter hands over a vfork child's exec (vforkexec.go); but a
 // process has no filter before it installs one (a dynamic process does when the run arms), and an
-// image a vfork child of it exec'd before that, posix_spawn's say, would run unknown for good:
-// uncapped, unnamed, and, without a memory cgroup, not even counted towards arming. So the rescan
-// loop looks among the children of the processes served for one that is none of theirs: not
-// served, not sharing its parent's memory (a vfork child before its exec), not a fork child that
-// has not exec'd (its vDSO is where its parent's is: it says hello, or a fork server is entering
-// it), and serves it as any exec'd image (serveImage).
+// image a vfork child of it exec'd before that, posix_spawn's or a shell's, would run unknown for
+// good: uncapped, unnamed, and, without a memory cgroup, not even counted towards arming. Such an
+// image is a child of a served process that is none of theirs: not served, not sharing its
+// parent's memory (a vfork child before its exec), not a fork child that has not exec'd (its
+// vDSO is where its parent's is: it says hello, or a fork server is entering it). It is served
+// as any exec'd image (serveImage), found two ways: the kernel's process events tell of each
+// exec as it happens (watchExecs), where farmem may listen to them (CAP_NET_ADMIN, the initial
+// namespaces); and the rescan loop looks among the served processes' children every forkSweep
+// (findUnseenImages), which finds those the events did not tell of, but not an image that lived
+// less than that.
 
 // findUnseenImages serves the images among procs' children that nothing else told of. Not in a
 // run that enters no image (farmem attach, where children the process had before are none of
@@ -33,18 +40,46 @@ func (rt *Runtime) findUnseenImages(procs []evictor.Target) {
 			continue
 		}
 		for _, c := range kids {
-			if rt.Lookup(c) != nil {
-				continue
-			}
-			if same, err := sameMemory(c, pid); err != nil || same {
-				continue // gone, or a vfork child before its exec (the filter, or a later look)
-			}
-			if v, err := vdso(c); err != nil || v == p.probe || rt.imageTaken(c, v) || !execComplete(c) {
-				continue // gone, a fork child, taken on already, or an exec not done yet
-			}
-			go rt.serveImage(c, nil, func() bool { return true })
+			rt.serveIfUnseen(c, p)
 		}
 	}
+}
+
+// watchExecs serves each image a child of a served process exec's, told by the kernel's process
+// events as the exec happens, until Close. It ends at once where farmem may not listen to them:
+// the rescan loop's look is then all there is.
+func (rt *Runtime) watchExecs(execs *procevents.Execs) {
+	for {
+		pid, err := execs.Next()
+		if errors.Is(err, procevents.ErrLost) {
+			continue // the rescan loop finds what went unsaid
+		}
+		if err != nil {
+			return
+		}
+		ppid, err := procfs.PPid(pid)
+		if err != nil {
+			continue // gone already
+		}
+		if p := rt.Lookup(ppid); p != nil && p.Pid() != 0 && p.probe != 0 {
+			rt.serveIfUnseen(pid, p)
+		}
+	}
+}
+
+// serveIfUnseen serves process c, a child of served process p, if it runs an image nothing else
+// told of.
+func (rt *Runtime) serveIfUnseen(c int, p *Process) {
+	if rt.Lookup(c) != nil {
+		return
+	}
+	if same, err := sameMemory(c, p.Pid()); err != nil || same {
+		return // gone, or a vfork child before its exec (the filter, or a later look)
+	}
+	if v, err := vdso(c); err != nil || v == p.probe || rt.imageTaken(c, v) || !execComplete(c) {
+		return // gone, a fork child, taken on already, or an exec not done yet
+	}
+	go rt.serveImage(c, nil, func() bool { return true })
 }
 
 // imageTaken reports whether serveImage took on the image of process pid whose vDSO is at v.

@@ -199,6 +199,31 @@ func TestVforkExecedBeforeArmingServed(t *testing.T) {
 	checkCap(t, s, peaks, 96<<20)
 }
 
+// Short-lived static images a shell runs one after another before the run arms: dash vforks
+// each command but the last and exec's it there, with no mapping filter yet to hand the exec
+// over. Each is entered as it starts, told by the kernel's exec events, not only those the rescan
+// loop happens to find alive (about half, for images that live 50 ms).
+func TestShortExecedImagesEntered(t *testing.T) {
+	dash := need(t, "/usr/bin/dash")
+	prog := staticGo(t)
+	const images = 20
+	script := strings.Repeat(prog+" 8 200; ", images) + "true"
+	want := native(t, prog, "8", "200")
+	out, s, _, err := runSampled(t, "run", "--local-mem", "512MiB", "--", dash, "-c", script)
+	if err != nil {
+		t.Fatalf("under farmem: %v", err)
+	}
+	if n := strings.Count(out, want+"\n"); n != images {
+		t.Fatalf("%d of the %d images printed the native digest %q", n, images, want)
+	}
+	if s.Armed {
+		t.Fatalf("the run armed: the images' exec's may have been handed over by the filter")
+	}
+	if s.EnteredImages != images || s.UnservedImages != 0 {
+		t.Errorf("summary: entered_images %d, unserved_images %d; want %d and 0", s.EnteredImages, s.UnservedImages, images)
+	}
+}
+
 // An image farmem cannot enter (another process traces it: a process has one tracer) runs on
 // untouched and right, without farmem, and farmem names it on stderr with the reason and counts
 // it, instead of keeping the old image in the run.
