@@ -5,13 +5,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/farmem/farmem/procevents"
 	"github.com/farmem/farmem/runtime"
 	"github.com/farmem/farmem/uffd"
 )
@@ -130,7 +133,57 @@ func doctor() []check {
 	}
 	out = append(out, check{checkOK, "transports", detail})
 	out = append(out, staticCheck())
+	out = append(out, execEventsCheck())
 	return out
+}
+
+// execEventsCheck says whether farmem hears of execs as they happen, by listening to the
+// kernel's process events and running a program: without them, an image a process exec's before
+// the run arms (a shell's command, posix_spawn's) is found only by a look every 100 ms.
+func execEventsCheck() check {
+	const what = "exec events"
+	const without = "an image a process exec's before the run arms (a shell's commands, posix_spawn's) is found by a look every 100 ms instead, and one that lives less than that may run unserved"
+	e, err := procevents.Listen()
+	if err != nil {
+		return check{checkDegraded, what, fmt.Sprintf("%v (CAP_NET_ADMIN): %s", err, without)}
+	}
+	defer e.Close()
+	told := make(chan int, 16)
+	go func() {
+		for {
+			pid, err := e.Next()
+			if errors.Is(err, procevents.ErrLost) {
+				continue
+			}
+			if err != nil {
+				close(told)
+				return
+			}
+			told <- pid
+		}
+	}()
+	self, err := os.Executable()
+	if err != nil {
+		return check{checkDegraded, what, fmt.Sprintf("cannot find farmem's own binary to run (%v): not checked", err)}
+	}
+	c := exec.Command(self, "--version")
+	if err := c.Run(); err != nil {
+		return check{checkDegraded, what, fmt.Sprintf("running %s --version: %v: not checked", self, err)}
+	}
+	deadline := time.After(2 * time.Second)
+	for {
+		select {
+		case pid, ok := <-told:
+			if !ok {
+				return check{checkDegraded, what, "the listener stopped: " + without}
+			}
+			if pid == c.Process.Pid {
+				return check{checkOK, what, "the kernel tells farmem of each exec as it happens (its process events connector), so every image a process exec's is entered at its start"}
+			}
+		case <-deadline:
+			return check{checkDegraded, what, "the kernel told of no exec within 2 s (outside the initial namespaces it tells nothing): " + without}
+		}
+	}
 }
 
 // staticCheck says whether farmem can serve a statically linked program here: it injects its
