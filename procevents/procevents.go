@@ -1,6 +1,7 @@
 // Package procevents reads the kernel's process events connector (cn_proc, a netlink
-// multicast group): which process has just exec'd a new image, told the moment the new image is
-// in place, before it runs an instruction.
+// multicast group): which process has just exec'd a new image. The kernel sends the event as the
+// exec completes, before the new image runs its first instruction; the reader hears it a moment
+// later, while the image runs.
 //
 // farmem learns of most execs another way (a served process's control connection ends, the
 // mapping filter hands a vfork child's exec over), but not of an image a process exec'd before it
