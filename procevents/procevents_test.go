@@ -24,7 +24,7 @@ func listen(t *testing.T) *Execs {
 	return e
 }
 
-// An exec is told with the pid of the process that made it: every child started here, among
+// An exec is told with the pid of the process that made it: every child this test starts, among
 // whatever else the machine execs meanwhile.
 func TestExecTold(t *testing.T) {
 	e := listen(t)

@@ -202,7 +202,7 @@ func TestVforkExecedBeforeArmingServed(t *testing.T) {
 // Short-lived static images a shell runs one after another before the run arms: dash vforks
 // each command but the last and exec's it there, with no mapping filter yet to hand the exec
 // over. Each is entered as it starts, told by the kernel's exec events, not only those the rescan
-// loop happens to find alive (about half, for images that live 50 ms).
+// loop happens to find alive.
 func TestShortExecedImagesEntered(t *testing.T) {
 	if c := execEventsCheck(); c.verdict != checkOK {
 		t.Skipf("farmem hears of no exec as it happens here (%s): only the rescan finds such images", c.detail)
