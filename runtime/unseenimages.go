@@ -32,7 +32,7 @@ func (rt *Runtime) findUnseenImages(procs []evictor.Target) {
 	for _, tg := range procs {
 		p := tg.(*Process)
 		pid := p.Pid()
-		if pid == 0 || p.probe == 0 {
+		if pid == 0 {
 			continue
 		}
 		kids, err := procfs.Children(pid)
@@ -46,13 +46,13 @@ func (rt *Runtime) findUnseenImages(procs []evictor.Target) {
 }
 
 // watchExecs serves each image a child of a served process exec's, told by the kernel's process
-// events as the exec happens, until Close. It ends at once where farmem may not listen to them:
-// the rescan loop's look is then all there is.
+// events as the exec happens, until Close closes execs. Events the socket lost are left to the
+// rescan loop's look.
 func (rt *Runtime) watchExecs(execs *procevents.Execs) {
 	for {
 		pid, err := execs.Next()
 		if errors.Is(err, procevents.ErrLost) {
-			continue // the rescan loop finds what went unsaid
+			continue
 		}
 		if err != nil {
 			return
@@ -61,16 +61,16 @@ func (rt *Runtime) watchExecs(execs *procevents.Execs) {
 		if err != nil {
 			continue // gone already
 		}
-		if p := rt.Lookup(ppid); p != nil && p.Pid() != 0 && p.probe != 0 {
+		if p := rt.Lookup(ppid); p != nil {
 			rt.serveIfUnseen(pid, p)
 		}
 	}
 }
 
 // serveIfUnseen serves process c, a child of served process p, if it runs an image nothing else
-// told of.
+// told of. Not while p's own vDSO is unknown: a fork child could not be told from an image.
 func (rt *Runtime) serveIfUnseen(c int, p *Process) {
-	if rt.Lookup(c) != nil {
+	if p.probe == 0 || rt.Lookup(c) != nil {
 		return
 	}
 	if same, err := sameMemory(c, p.Pid()); err != nil || same {
