@@ -10,7 +10,9 @@
 //
 //   kernel   the kernel's own anonymous write fault on a page dropped with MADV_DONTNEED: a
 //            page allocated and zeroed, no copy
-//   thread   a uffd handler thread of the same process, pinned to the same CPU (farmem's way)
+//   thread   a uffd handler thread of the same process, pinned to the same CPU
+//   process  a uffd handler in another process (a fork of this one, holding the same uffd),
+//            pinned to the same CPU (farmem's way: its handler is in farmem's process)
 //   sigbus   UFFD_FEATURE_SIGBUS: the faulting thread's SIGBUS handler does the UFFDIO_COPY
 //   install  no fault: UFFDIO_COPY of each page ahead of the touch, as a prefetch would, then the
 //            touch (what the install alone costs, of the two above)
@@ -23,6 +25,7 @@
 #include <linux/userfaultfd.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -140,9 +143,10 @@ int main(int argc, char **argv)
 	store = mmap(0, STORE_PAGES * PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	for (size_t i = 0; i < STORE_PAGES * PAGE; i += 8)
 		*(uint64_t *)(store + i) = i * 0x9e3779b97f4a7c15ULL;
-	// Three regions, each warmed (first touch of guest memory is the host's work) and dropped.
-	char *r[4];
-	for (int m = 0; m < 4; m++) {
+	// A region a mode, each warmed (first touch of guest memory is the host's work) and dropped.
+	enum { KERNEL, THREAD, BY_SIGNAL, INSTALL, PROCESS, MODES };
+	char *r[MODES];
+	for (int m = 0; m < MODES; m++) {
 		r[m] = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		memset(r[m], 1, len);
 		madvise(r[m], len, MADV_DONTNEED);
@@ -158,14 +162,25 @@ int main(int argc, char **argv)
 	sigaction(SIGBUS, &sa, NULL);
 	int ifd = new_uffd(0);
 	reg(ifd, r[3], len);
+	// The other process serves from its copy of the store, the same bytes.
+	int pfd = new_uffd(0);
+	reg(pfd, r[PROCESS], len);
+	pid_t server = fork();
+	if (server == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		serve(&pfd);
+		_exit(0);
+	}
 	usleep(10000);
 	unsigned long sum = 0;
 	printf("# sigbus: %zu pages a round, one CPU, content from a %lu MiB store\n", pages, STORE_PAGES * PAGE >> 20);
-	static const char *name[4] = { "kernel", "thread", "sigbus", "install" };
+	static const char *name[MODES] = { "kernel", "thread", "sigbus", "install", "process" };
+	static const int order[MODES] = { KERNEL, THREAD, PROCESS, BY_SIGNAL, INSTALL };
 	for (int k = 0; k < rounds; k++) {
-		for (int m = 0; m < 4; m++) {
+		for (int o = 0; o < MODES; o++) {
+			int m = order[o];
 			double us;
-			if (m == 3) {
+			if (m == INSTALL) {
 				double t0 = now();
 				for (size_t i = 0; i < pages; i++) {
 					uint64_t a = (uint64_t)r[3] + i * PAGE;
@@ -181,7 +196,7 @@ int main(int argc, char **argv)
 				madvise(r[m], len, MADV_DONTNEED);
 				continue;
 			}
-			us = touch(r[m], pages, m == 0, &sum);
+			us = touch(r[m], pages, m == KERNEL, &sum);
 			printf("round %d %-7s %.2f us per fault\n", k, name[m], us);
 			// Drop the pages again for the next round: missing once more.
 			madvise(r[m], len, MADV_DONTNEED);
@@ -189,7 +204,7 @@ int main(int argc, char **argv)
 	}
 	unsigned long want = 0;
 	for (size_t i = 0; i < pages; i++)
-		for (int m = 1; m < 4; m++)
+		for (int m = THREAD; m < MODES; m++)
 			want += (unsigned char)src_for((uint64_t)r[m] + i * PAGE)[0];
 	printf("# sigbus faults served: %lu; check %s\n", sig_faults, sum == want * rounds ? "ok" : "WRONG");
 	return sum == want * rounds ? 0 : 1;
