@@ -21,6 +21,11 @@ import (
 // than a trimShare-th of what it holds (see trimmer), so that farmem's memory follows what its
 // store holds rather than the most it ever held.
 //
+// A file arena (newFileArena) maps its chunks from a memfd instead, one after another, so that the
+// memory can also be mapped by another process: Memory keeps each served process's pages in one
+// (see Space). Its trims punch the freed pages out of the file (MADV_REMOVE): dropping a shared
+// mapping's pages would leave them in the file.
+//
 // An arena has no lock of its own: its owner's lock protects every field, except rel between
 // takeTrim and endTrim, which belongs to the owner's trimmer alone.
 type arena struct {
@@ -46,6 +51,11 @@ type arena struct {
 	// then discard.
 	trimming bool
 	rel      releaser
+	// file is the memfd chunk i maps at offset i*perChunk*size, or -1: the chunks are anonymous
+	// memory. Set at construction; closed by close.
+	file int
+	// trimLeast is the least a trim gives back: trimMin, or less for a file arena.
+	trimLeast int
 }
 
 // chunk is one mapping of perChunk blobs. The lengths live beside the data, allocated with it,
@@ -68,7 +78,32 @@ const (
 
 // newArena returns an empty arena of size-byte blobs that grows chunkBytes at a time.
 func newArena(size, chunkBytes int) arena {
-	return arena{size: size, perChunk: max(chunkBytes/size, 1), next: 1}
+	return arena{size: size, perChunk: max(chunkBytes/size, 1), next: 1, file: -1, trimLeast: trimMin}
+}
+
+// newFileArena returns an empty arena of size-byte blobs whose chunks of chunkBytes (whole
+// pages of whole blobs) map memfd file, which the arena owns from now on. It trims from
+// least bytes free on (an arena a process: see Space).
+func newFileArena(file, size, chunkBytes, least int) arena {
+	a := newArena(size, chunkBytes)
+	a.file, a.trimLeast, a.rel.remove = file, least, true
+	return a
+}
+
+// mapChunk maps the memory of the next chunk.
+func (a *arena) mapChunk() ([]byte, error) {
+	n := a.perChunk * a.size
+	if a.file < 0 {
+		// MAP_NORESERVE: a chunk's pages are only promised once written, as the Go heap's
+		// would be, so an arena that never fills its last chunk is not charged for it under
+		// strict overcommit.
+		return unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	}
+	off := int64(len(a.chunks)) * int64(n)
+	if err := unix.Ftruncate(a.file, off+int64(n)); err != nil {
+		return nil, err
+	}
+	return unix.Mmap(a.file, off, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
 }
 
 // take makes a free blob hold n bytes (1 to size), and returns its index and those bytes, for
@@ -88,11 +123,7 @@ func (a *arena) take(n int) (i int, blob, ahead []byte, err error) {
 		a.cold = a.cold[:k-1]
 	} else {
 		if (a.next-1)/a.perChunk >= len(a.chunks) {
-			// MAP_NORESERVE: a chunk's pages are only promised once written, as the Go
-			// heap's would be, so an arena that never fills its last chunk is not charged
-			// for it under strict overcommit.
-			data, err := unix.Mmap(-1, 0, a.perChunk*a.size, unix.PROT_READ|unix.PROT_WRITE,
-				unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+			data, err := a.mapChunk()
 			if err != nil {
 				return 0, nil, nil, fmt.Errorf("backend: cannot map %d more bytes for the store: %w", a.perChunk*a.size, err)
 			}
@@ -162,7 +193,7 @@ func (a *arena) release(i int) bool {
 	a.inUse--
 	// Counted in pages, not blobs' bytes: a free blob of a small class can keep a whole page
 	// resident when its neighbours were freed and trimmed before it.
-	if len(a.free)*PageSize > max(trimMin, a.inUse*a.size/trimShare) {
+	if len(a.free)*PageSize > max(a.trimLeast, a.inUse*a.size/trimShare) {
 		a.due = true
 	}
 	return true
@@ -233,11 +264,16 @@ func (a *arena) queue(r pageRun) {
 	a.rel.add(data[r.start*PageSize : min(r.end*PageSize, len(data))])
 }
 
-// close unmaps the chunks; every index then reads as holding nothing. next is kept so that a
-// stale index is never mistaken for a live one. The owner's trimmer must have stopped.
+// close unmaps the chunks, and closes the file; every index then reads as holding nothing. next
+// is kept so that a stale index is never mistaken for a live one. The owner's trimmer must have
+// stopped, or be done with this arena.
 func (a *arena) close() {
 	for _, c := range a.chunks {
 		_ = unix.Munmap(c.data)
+	}
+	if a.file >= 0 {
+		_ = unix.Close(a.file)
+		a.file = -1
 	}
 	a.chunks, a.free, a.cold, a.inUse, a.due = nil, nil, nil, 0, false
 }

@@ -35,6 +35,23 @@ type Backend interface {
 	Close() error
 }
 
+// Space names one process's part of a store that keeps each process's pages apart (Spaces);
+// 0 is the part every process shares, the one Store uses.
+type Space uint32
+
+// Spaces is a Backend that can keep each process's pages apart, where they can be mapped into
+// that process and no other (Memory: a memfd a process; docs/DESIGN.md, "Where a fault is
+// served"). The slots of every space are one namespace: Load and Free take any of them.
+type Spaces interface {
+	// NewSpace makes a part for one process's pages. On an error the process's pages are
+	// stored with Store.
+	NewSpace() (Space, error)
+	// StoreIn is Store into space sp.
+	StoreIn(sp Space, src []byte, slots []Slot) error
+	// EndSpace says nothing more is stored in sp; it goes once its last slot is freed.
+	EndSpace(sp Space)
+}
+
 // BatchLoader is a Backend that reads several pages in one go: a memory server answers them in
 // one round trip instead of one each. The prefetch worker uses it when the backend has it.
 type BatchLoader interface {

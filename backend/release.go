@@ -56,14 +56,16 @@ func (t *trimmer) close() {
 	<-t.done
 }
 
-// releaser gives ranges of the store's memory back to the kernel (MADV_DONTNEED), many ranges
-// to one process_madvise call: a trim after a program freed memory here and there gives back
-// thousands of single pages, and a madvise each costs a system call and a TLB flush on every
-// CPU farmem runs on per page. Linux allows process_madvise(MADV_DONTNEED) on the caller
-// itself, named by PIDFD_SELF, since 6.15; before that, the first call says so and every range
-// then gets a madvise of its own.
+// releaser gives ranges of the store's memory back to the kernel (MADV_DONTNEED, or MADV_REMOVE
+// for a file arena's, which punches them out of the file), many ranges to one process_madvise
+// call: a trim after a program freed memory here and there gives back thousands of single
+// pages, and a madvise each costs a system call and a TLB flush on every CPU farmem runs on per
+// page. Linux allows process_madvise on the caller itself, named by PIDFD_SELF, since 6.15;
+// before that, or for an advice it does not take that way, the first call says so and every
+// range then gets a madvise of its own.
 type releaser struct {
-	iov []unix.Iovec // ranges waiting for flush
+	iov    []unix.Iovec // ranges waiting for flush
+	remove bool         // MADV_REMOVE rather than MADV_DONTNEED; set at construction
 }
 
 // maxIovecs is UIO_MAXIOV, the most ranges one process_madvise takes.
@@ -72,9 +74,10 @@ const maxIovecs = 1024
 // pidfdSelf is PIDFD_SELF as the system call's argument: a negative int's bits.
 var pidfdSelf = func() uintptr { fd := unix.PIDFD_SELF; return uintptr(fd) }()
 
-// selfMadviseFails is set once process_madvise on PIDFD_SELF has failed: this kernel has no
-// PIDFD_SELF, or does not allow MADV_DONTNEED through process_madvise.
-var selfMadviseFails atomic.Bool
+// selfMadviseFails[remove] is set once process_madvise on PIDFD_SELF has failed with that
+// advice (see releaser.remove): this kernel has no PIDFD_SELF, or does not take the advice
+// through process_madvise.
+var selfMadviseFails [2]atomic.Bool
 
 // add queues b (page aligned; its length is rounded up to a page) to be given back.
 func (r *releaser) add(b []byte) {
@@ -85,12 +88,16 @@ func (r *releaser) add(b []byte) {
 // is free either way, so it is not reported.
 func (r *releaser) flush() {
 	iov := r.iov
-	for len(iov) > 0 && !selfMadviseFails.Load() {
+	advice, fails := unix.MADV_DONTNEED, &selfMadviseFails[0]
+	if r.remove {
+		advice, fails = unix.MADV_REMOVE, &selfMadviseFails[1]
+	}
+	for len(iov) > 0 && !fails.Load() {
 		n, _, errno := unix.Syscall6(unix.SYS_PROCESS_MADVISE, pidfdSelf,
-			uintptr(unsafe.Pointer(&iov[0])), uintptr(min(len(iov), maxIovecs)), unix.MADV_DONTNEED, 0, 0)
+			uintptr(unsafe.Pointer(&iov[0])), uintptr(min(len(iov), maxIovecs)), uintptr(advice), 0, 0)
 		if errno != 0 {
 			if errno == unix.EBADF || errno == unix.EINVAL || errno == unix.ENOSYS || errno == unix.EPERM {
-				selfMadviseFails.Store(true)
+				fails.Store(true)
 			}
 			break // the loop below takes what is left
 		}
@@ -107,7 +114,7 @@ func (r *releaser) flush() {
 		iov = iov[done:]
 	}
 	for _, v := range iov {
-		_ = unix.Madvise(unsafe.Slice(v.Base, v.Len), unix.MADV_DONTNEED)
+		_ = unix.Madvise(unsafe.Slice(v.Base, v.Len), advice)
 	}
 	clear(r.iov)
 	r.iov = r.iov[:0]

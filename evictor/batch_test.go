@@ -63,6 +63,7 @@ type fakeProc struct {
 	resident atomic.Int64
 	be       *hookBackend
 	slots    *pagetable.Slots
+	space    backend.Space // the store's part for this process's pages
 
 	stop     int           // eventfd that ends the reader
 	done     chan struct{} // closed when the reader has ended
@@ -80,12 +81,21 @@ type hookBackend struct {
 }
 
 func (h *hookBackend) Store(src []byte, slots []backend.Slot) error {
+	return h.StoreIn(0, src, slots)
+}
+
+func (h *hookBackend) StoreIn(sp backend.Space, src []byte, slots []backend.Slot) error {
 	if f := h.onStore; f != nil {
 		h.onStore = nil
 		f()
 	}
-	return h.Backend.Store(src, slots)
+	return h.Backend.(*backend.Memory).StoreIn(sp, src, slots)
 }
+
+func (h *hookBackend) NewSpace() (backend.Space, error) {
+	return h.Backend.(*backend.Memory).NewSpace()
+}
+func (h *hookBackend) EndSpace(sp backend.Space) { h.Backend.(*backend.Memory).EndSpace(sp) }
 
 func (p *fakeProc) page(i int) uint64  { return p.addr + uint64(i)*ps }
 func (p *fakeProc) bytes(i int) []byte { return p.mem[i*ps : (i+1)*ps] }
@@ -94,6 +104,7 @@ func (p *fakeProc) Pid() int                    { return os.Getpid() }
 func (p *fakeProc) UFFD() int                   { return p.fd }
 func (p *fakeProc) Table() *pagetable.PageTable { return p.tb }
 func (p *fakeProc) CanEvict() bool              { return true }
+func (p *fakeProc) Space() backend.Space        { return p.space }
 func (p *fakeProc) Fail(err error)              { p.failed = err }
 func (p *fakeProc) WakeIfWaiting()              {}
 func (p *fakeProc) Hold() bool                  { return true }
@@ -267,9 +278,12 @@ func newFakeProc(t *testing.T, staging bool) *fakeProc {
 	}
 	p := &fakeProc{t: t, staging: staging, done: make(chan struct{}), wpFaults: make(chan uint64, 16), removed: make(chan uint64, 64), status: map[uint64]byte{}}
 	p.be = &hookBackend{Backend: backend.NewMemory()}
+	var err error
+	if p.space, err = p.be.NewSpace(); err != nil {
+		t.Fatal(err)
+	}
 	p.slots = pagetable.NewSlots(p.be)
 	p.tb = pagetable.New(&p.resident, p.slots)
-	var err error
 	mapArea := func(pages int) []byte {
 		m, err := unix.Mmap(-1, 0, pages*ps, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 		if err != nil {
@@ -516,6 +530,9 @@ func check(t *testing.T, p *fakeProc, e *Evictor, rec *BatchRecord, skip map[int
 		if en.Slot == 0 {
 			t.Errorf("%s: slot 0, want its content stored", what)
 			continue
+		}
+		if sp, _ := p.be.Backend.(*backend.Memory).Where(en.Slot); (k == dirty || k == guessNew) && sp != p.space {
+			t.Errorf("%s: stored in space %d, want the process's own, %d", what, sp, p.space)
 		}
 		got := make([]byte, ps)
 		if err := p.be.Load(en.Slot, got); err != nil {

@@ -41,6 +41,9 @@ type Target interface {
 	// process is retired already. A batch runs between the two.
 	Hold() bool
 	Release()
+	// Space is the part of the backend the process's pages are stored in, where the backend
+	// keeps processes' pages apart (backend.Spaces); 0: the part Store uses.
+	Space() backend.Space
 }
 
 // BatchPages is how many pages one eviction batch takes at most.

@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"unsafe"
 
+	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/uffd"
 )
 
@@ -30,8 +31,14 @@ func (e *Evictor) store(b *batch) error {
 			copy(b.page(j), b.page(i))
 		}
 	}
-	stored := b.stored[:len(b.nz)]
-	if err := e.cfg.Backend.Store(b.buf[:len(b.nz)*uffd.PageSize], stored); err != nil {
+	stored, src := b.stored[:len(b.nz)], b.buf[:len(b.nz)*uffd.PageSize]
+	var err error
+	if sp := b.t.Space(); sp != 0 {
+		err = e.cfg.Backend.(backend.Spaces).StoreIn(sp, src, stored) // only such a backend makes spaces
+	} else {
+		err = e.cfg.Backend.Store(src, stored)
+	}
+	if err != nil {
 		return fmt.Errorf("evict: backend store: %w", err)
 	}
 	for j, i := range b.nz {

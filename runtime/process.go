@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/pagetable"
@@ -107,6 +108,9 @@ type Process struct {
 	// detaching: farmem is letting the process go (attach.go): no batch takes its pages, its
 	// faults never wait for room, nothing more is registered.
 	detaching atomic.Bool
+	// space is where the evictor stores the process's pages (evictor.Target's Space). Set by
+	// newProcess, never changed; ended by retire.
+	space backend.Space
 }
 
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
@@ -124,6 +128,11 @@ func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, err
 		return nil, err
 	}
 	p.fetch = f
+	if sp, ok := rt.cfg.Backend.(backend.Spaces); ok {
+		// A space of its own, which can be mapped into this process and no other (docs/DESIGN.md,
+		// "Where a fault is served"); failing that, its pages go where every process's may.
+		p.space, _ = sp.NewSpace()
+	}
 	return p, nil
 }
 
@@ -148,6 +157,9 @@ func (p *Process) UFFD() int { return p.fd }
 
 // Table implements evictor.Target.
 func (p *Process) Table() *pagetable.PageTable { return p.table }
+
+// Space implements evictor.Target.
+func (p *Process) Space() backend.Space { return p.space }
 
 // CanEvict implements evictor.Target.
 func (p *Process) CanEvict() bool {

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/evictor"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/procfs"
@@ -345,6 +346,9 @@ func (rt *Runtime) retire(p *Process) {
 	p.table.Clear()
 	p.table.Unlock()
 	p.fetch.Close()
+	if p.space != 0 {
+		rt.cfg.Backend.(backend.Spaces).EndSpace(p.space) // what a fork child shares stays until it frees it
+	}
 	unix.Close(p.fd)
 	p.life.Unlock()
 }
