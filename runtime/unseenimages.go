@@ -15,7 +15,8 @@ import (
 // good: uncapped, unnamed, and, without a memory cgroup, not even counted towards arming. Such an
 // image is a child of a served process that is none of theirs: not served, not sharing its
 // parent's memory (a vfork child before its exec), not a fork child that has not exec'd (its
-// vDSO is where its parent's is: it says hello, or a fork server is entering it). It is served
+// vDSO is where its forker's is: it says hello, or a fork server is entering it, or it is served
+// on its FORK event alone). It is served
 // as any exec'd image (serveImage), found two ways: the kernel's process events tell of each
 // exec as it happens (watchExecs), where farmem may listen to them (CAP_NET_ADMIN, the initial
 // namespaces); and the rescan loop looks among the served processes' children every forkSweep
@@ -76,10 +77,25 @@ func (rt *Runtime) serveIfUnseen(c int, p *Process) {
 	if same, err := sameMemory(c, p.Pid()); err != nil || same {
 		return // gone, or a vfork child before its exec (the filter, or a later look)
 	}
-	if v, err := vdso(c); err != nil || v == p.probe || rt.imageTaken(c, v) || !execComplete(c) {
+	if v, err := vdso(c); err != nil || v == p.probe || rt.forkedFromServed(v) || rt.imageTaken(c, v) || !execComplete(c) {
 		return // gone, a fork child, taken on already, or an exec not done yet
 	}
 	go rt.serveImage(c, nil, func() bool { return true })
+}
+
+// forkedFromServed reports whether a served process has its vDSO at v, as a fork child of it
+// has: a clone made with CLONE_PARENT is a child of its forker's parent, not of its forker, and
+// is no exec'd image for having its vDSO elsewhere than that parent's. An exec places the vDSO
+// anew, at random: an image's meets a served process's only by chance.
+func (rt *Runtime) forkedFromServed(v uint64) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for p := range rt.procs {
+		if p.probe == v {
+			return true
+		}
+	}
+	return false
 }
 
 // imageTaken reports whether serveImage took on the image of process pid whose vDSO is at v.

@@ -364,6 +364,38 @@ func TestAsUserRawForkOrphanReadsItsPages(t *testing.T) {
 	}
 }
 
+// The same with a clone made with CLONE_PARENT: the child is a child of its parent's parent
+// (runuser, served), whose vDSO is not where the child's is. It is still a fork child, served on
+// its FORK event, not an image runuser exec'd: farmem must not take it for one and enter it a
+// second time (a second agent and uffd beside the event's), nor count it as an image.
+func TestAsUserCloneParentChildNotTakenForAnImage(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
+		t.Fatal(err)
+	}
+	prog := filepath.Join(dir, "rawclone")
+	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
+		t.Fatalf("building rawclone: %v\n%s", err, b)
+	}
+	verdict := filepath.Join(dir, "child")
+	summary := filepath.Join(t.TempDir(), "summary.json")
+	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "64MiB", "--summary-json", summary, "--",
+		runuser, "-u", "nobody", "--", prog, "160", "3", verdict, "cloneparent").CombinedOutput()
+	if err != nil {
+		t.Fatalf("farmem run: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "it is served without the filter") {
+		t.Fatalf("the run armed before the program switched users (the test needs one that did not):\n%s", out)
+	}
+	if b, _ := os.ReadFile(verdict); string(b) != "child ok\n" {
+		t.Fatalf("the CLONE_PARENT child wrote %q by the time farmem ended\n%s", b, out)
+	}
+	if s := readSummary(t, summary); s.EnteredImages != 0 || s.UnservedImages != 0 {
+		t.Fatalf("farmem took the CLONE_PARENT child for an image: %d entered, %d unserved\n%s", s.EnteredImages, s.UnservedImages, out)
+	}
+}
+
 // A process running as nobody is attached as a root one is: it may not open /dev/userfaultfd, and
 // farmem sends it a descriptor of the device by calls it makes in it while it is frozen. Its data
 // verifies attached, after a rewrite under the cap, and after the detach.

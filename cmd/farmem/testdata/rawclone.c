@@ -3,10 +3,13 @@
  * argument is _Fork (no handler runs either), and prints "forked PID". The child waits SECONDS,
  * verifies every page, and writes "child ok" or "child BAD N" (N pages wrong) to OUT; the parent
  * waits for it and exits with its status, or, when the fourth argument is orphan, exits at once
- * (a raw clone's child outliving its parent, as a daemon's does).
- * usage: rawclone MIB SECONDS OUT [_Fork|orphan] */
+ * (a raw clone's child outliving its parent, as a daemon's does). With cloneparent the clone is
+ * made with CLONE_PARENT (the child is its parent's sibling: a child of its parent's parent),
+ * and the parent exits a second later, leaving the child to its grandparent meanwhile.
+ * usage: rawclone MIB SECONDS OUT [_Fork|orphan|cloneparent] */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,14 +26,17 @@ static uint64_t word(size_t i) { return i * 0x9e3779b97f4a7c15ULL + 1; }
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
-		fprintf(stderr, "usage: rawclone MIB SECONDS OUT [_Fork|orphan]\n");
+		fprintf(stderr, "usage: rawclone MIB SECONDS OUT [_Fork|orphan|cloneparent]\n");
 		return 2;
 	}
 	size_t n = strtoul(argv[1], 0, 10) << 20;
 	uint64_t *b = mmap(0, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (b == MAP_FAILED) return 2;
 	for (size_t i = 0; i < n / 8; i += 512) b[i] = word(i);
-	long pid = argc > 4 && !strcmp(argv[4], "_Fork") ? _Fork() : syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+	const char *mode = argc > 4 ? argv[4] : "";
+	long pid = !strcmp(mode, "_Fork")	? _Fork()
+		   : !strcmp(mode, "cloneparent") ? syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
+						  : syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
 	if (pid == 0) {
 		/* Raw system calls only: the child's libc state is its parent's thread's. */
 		struct timespec ts = { atoi(argv[2]), 0 };
@@ -46,7 +52,11 @@ int main(int argc, char **argv)
 	if (pid < 0) return 2;
 	printf("forked %ld\n", pid);
 	fflush(stdout);
-	if (argc > 4 && !strcmp(argv[4], "orphan")) return 0;
+	if (!strcmp(mode, "orphan")) return 0;
+	if (!strcmp(mode, "cloneparent")) {
+		sleep(1);
+		return 0;
+	}
 	int st;
 	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 2;
 	return WEXITSTATUS(st);
