@@ -13,6 +13,10 @@
 //   thread   a uffd handler thread of the same process, pinned to the same CPU
 //   process  a uffd handler in another process (a fork of this one, holding the same uffd),
 //            pinned to the same CPU (farmem's way: its handler is in farmem's process)
+//   forward  a thread of the faulting process reads the fault and passes it on a socket to
+//            another process, which installs it (what a fault the program's own thread does
+//            not serve would cost, were that thread the uffd's reader: docs/DESIGN.md, "Where a
+//            fault is served")
 //   sigbus   UFFD_FEATURE_SIGBUS: the faulting thread's SIGBUS handler does the UFFDIO_COPY
 //   install  no fault: UFFDIO_COPY of each page ahead of the touch, as a prefetch would, then the
 //            touch (what the install alone costs, of the two above)
@@ -26,6 +30,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,6 +125,40 @@ static void *serve(void *arg)
 	return NULL;
 }
 
+// relay reads faults from the uffd and passes each, as read, on socket s (forward's thread).
+static int relay_sock = -1;
+static void *relay(void *arg)
+{
+	int fd = *(int *)arg;
+	pin(0);
+	struct uffd_msg m;
+	for (;;) {
+		if (read(fd, &m, sizeof m) != sizeof m)
+			continue;
+		if (write(relay_sock, &m, sizeof m) != sizeof m) {
+			perror("relay write");
+			exit(1);
+		}
+	}
+	return NULL;
+}
+
+// install_relayed installs each fault read from socket s into the uffd fd (forward's other
+// process).
+static void install_relayed(int s, int fd)
+{
+	pin(0);
+	struct uffd_msg m;
+	while (read(s, &m, sizeof m) == sizeof m) {
+		uint64_t a = m.arg.pagefault.address & ~(PAGE - 1);
+		struct uffdio_copy c = { .dst = a, .src = (uint64_t)src_for(a), .len = PAGE };
+		if (ioctl(fd, UFFDIO_COPY, &c) < 0 && c.copy != -EEXIST) {
+			perror("UFFDIO_COPY (forwarded)");
+			exit(1);
+		}
+	}
+}
+
 // touch reads one byte of every page of r (writes one, if write: a read of a missing page the
 // kernel serves maps its shared zero page, which allocates nothing) and returns the time per page
 // in microseconds.
@@ -144,7 +183,7 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < STORE_PAGES * PAGE; i += 8)
 		*(uint64_t *)(store + i) = i * 0x9e3779b97f4a7c15ULL;
 	// A region a mode, each warmed (first touch of guest memory is the host's work) and dropped.
-	enum { KERNEL, THREAD, BY_SIGNAL, INSTALL, PROCESS, MODES };
+	enum { KERNEL, THREAD, BY_SIGNAL, INSTALL, PROCESS, FORWARD, MODES };
 	char *r[MODES];
 	for (int m = 0; m < MODES; m++) {
 		r[m] = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -171,11 +210,28 @@ int main(int argc, char **argv)
 		serve(&pfd);
 		_exit(0);
 	}
+	int ffd = new_uffd(0), sv[2];
+	reg(ffd, r[FORWARD], len);
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) < 0) {
+		perror("socketpair");
+		return 1;
+	}
+	pid_t installer = fork();
+	if (installer == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		close(sv[0]);
+		install_relayed(sv[1], ffd);
+		_exit(0);
+	}
+	close(sv[1]);
+	relay_sock = sv[0];
+	pthread_t rth;
+	pthread_create(&rth, NULL, relay, &ffd);
 	usleep(10000);
 	unsigned long sum = 0;
 	printf("# sigbus: %zu pages a round, one CPU, content from a %lu MiB store\n", pages, STORE_PAGES * PAGE >> 20);
-	static const char *name[MODES] = { "kernel", "thread", "sigbus", "install", "process" };
-	static const int order[MODES] = { KERNEL, THREAD, PROCESS, BY_SIGNAL, INSTALL };
+	static const char *name[MODES] = { "kernel", "thread", "sigbus", "install", "process", "forward" };
+	static const int order[MODES] = { KERNEL, THREAD, PROCESS, FORWARD, BY_SIGNAL, INSTALL };
 	for (int k = 0; k < rounds; k++) {
 		for (int o = 0; o < MODES; o++) {
 			int m = order[o];
