@@ -63,7 +63,7 @@ func (rt *Runtime) rescanLoop() {
 	anon := map[*Process]int64{}
 	statms := map[*Process]*procfs.Statm{}
 	reserve := evictor.NewBurstReserve(rt.cfg.CapPages)
-	var lastSweep time.Time // retireSilentForkChildren's and findUnseenImages's last look
+	var lastSweep time.Time // retireSilentForkChildren's and lookAmongChildren's last look
 	defer func() {
 		for _, s := range statms {
 			s.Close()
@@ -90,7 +90,7 @@ func (rt *Runtime) rescanLoop() {
 		procs := rt.targets()
 		if now.Sub(lastSweep) >= forkSweep {
 			rt.retireSilentForkChildren(procs)
-			rt.findUnseenImages(procs)
+			rt.lookAmongChildren(procs)
 			lastSweep = now
 		}
 		var total int64

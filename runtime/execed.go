@@ -99,7 +99,7 @@ func (rt *Runtime) serveImage(pid int, old *Process, execed func() bool) {
 		}
 		if !claimed {
 			if !rt.claimImage(pid) {
-				return // served, or named, from another look at it (findUnseenImages)
+				return // served, or named, from another look at it (lookAmongChildren)
 			}
 			claimed = true
 		}

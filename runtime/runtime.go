@@ -137,7 +137,9 @@ type Runtime struct {
 	// signalled (with mu) when it drops to zero.
 	retiring int
 	retired  *sync.Cond
-	failure  error // protected by mu; the first unrecoverable error
+	// lifelines are farmem's own, for fork children that have none (lifelines.go). Set by New.
+	lifelines *lifelines
+	failure   error // protected by mu; the first unrecoverable error
 
 	started  atomic.Bool
 	stop     chan struct{}  // closed by Close: the loops end
@@ -162,7 +164,7 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	rt := &Runtime{
 		cfg: cfg, slots: pagetable.NewSlots(cfg.Backend), armPages: cfg.CapPages - armMargin(cfg.CapPages), start: time.Now(),
-		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{}, vforkExecs: map[int]bool{}, images: map[int]uint64{},
+		procs: map[*Process]bool{}, byPid: map[int]*Process{}, forks: map[*Process][]*Process{}, vforkExecs: map[int]bool{}, images: map[int]uint64{}, lifelines: newLifelines(),
 		stop: make(chan struct{}),
 	}
 	rt.retired = sync.NewCond(&rt.mu)
@@ -212,6 +214,7 @@ func (rt *Runtime) Close() {
 		rt.execs.Close()
 	}
 	rt.finished.Wait()
+	rt.lifelines.close()
 }
 
 // Config returns the configuration the runtime was made with (MinRegister filled in).

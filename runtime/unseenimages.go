@@ -20,16 +20,14 @@ import (
 // as any exec'd image (serveImage), found two ways: the kernel's process events tell of each
 // exec as it happens (watchExecs), where farmem may listen to them (CAP_NET_ADMIN, the initial
 // namespaces); and the rescan loop looks among the served processes' children every forkSweep
-// (findUnseenImages), which finds those the events did not tell of, but not an image that lived
+// (lookAmongChildren), which finds those the events did not tell of, but not an image that lived
 // less than that.
 
-// findUnseenImages serves the images among procs' children that nothing else told of. Not in a
-// run that enters no image (farmem attach, where children the process had before are none of
+// lookAmongChildren serves the images among procs' children that nothing else told of, and
+// guards the fork children among them that may have no lifeline (lifelines.go). Images not in a
+// run that enters none (farmem attach, where children the process had before are none of
 // farmem's).
-func (rt *Runtime) findUnseenImages(procs []evictor.Target) {
-	if rt.cfg.Images == nil {
-		return
-	}
+func (rt *Runtime) lookAmongChildren(procs []evictor.Target) {
 	for _, tg := range procs {
 		p := tg.(*Process)
 		pid := p.Pid()
@@ -41,7 +39,10 @@ func (rt *Runtime) findUnseenImages(procs []evictor.Target) {
 			continue
 		}
 		for _, c := range kids {
-			rt.serveIfUnseen(c, p)
+			if rt.cfg.Images != nil {
+				rt.serveIfUnseen(c, p)
+			}
+			rt.guardSilentForkChild(c, p)
 		}
 	}
 }

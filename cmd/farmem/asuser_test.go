@@ -364,6 +364,53 @@ func TestAsUserRawForkOrphanReadsItsPages(t *testing.T) {
 	}
 }
 
+// A child such a process forks by a raw clone, served on its FORK event alone, has no lifeline of
+// its own: the one it inherited signals its parent. farmem makes it one once its rescan finds the
+// child, so that farmem's death kills the child rather than leave it reading zeros where its
+// evicted pages were. Unkilled, it would read them as zeros once farmem is gone (the uffd they
+// are registered on is farmem's alone).
+func TestAsUserSilentForkChildDiesWithFarmem(t *testing.T) {
+	runuser := need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
+		t.Fatal(err)
+	}
+	prog := filepath.Join(dir, "rawclone")
+	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
+		t.Fatalf("building rawclone: %v\n%s", err, b)
+	}
+	verdict := filepath.Join(dir, "child")
+	var stderr syncBuffer
+	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "64MiB", "--", runuser, "-u", "nobody", "--", prog, "160", "4", verdict)
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("no child: %v\n%s", err, stderr.String())
+	}
+	time.Sleep(time.Second) // the rescan looks among the served processes' children every 100 ms
+	cmd.Process.Kill()      // while the child sleeps, its pages evicted
+	cmd.Wait()
+	if !strings.Contains(stderr.String(), "it is served without the filter") {
+		t.Fatalf("the run armed before the program switched users (the test needs one that did not):\n%s", stderr.String())
+	}
+	if !exitsWithin(child, 10*time.Second) {
+		syscall.Kill(child, syscall.SIGKILL)
+		t.Fatalf("the child %d still runs 10 s after farmem was killed", child)
+	}
+	if b, err := os.ReadFile(verdict); err == nil {
+		t.Fatalf("the child outlived farmem and wrote %q", b)
+	}
+}
+
 // The same with a clone made with CLONE_PARENT: the child is a child of its parent's parent
 // (runuser, served), whose vDSO is not where the child's is. It is still a fork child, served on
 // its FORK event, not an image runuser exec'd: farmem must not take it for one and enter it a
