@@ -11,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func listen(t *testing.T) *Execs {
+func listen(t *testing.T) *Events {
 	t.Helper()
 	e, err := Listen()
 	if errors.Is(err, unix.EPERM) && os.Geteuid() != 0 {
@@ -24,22 +24,23 @@ func listen(t *testing.T) *Execs {
 	return e
 }
 
-// An exec is told with the pid of the process that made it: every child this test starts, among
-// whatever else the machine execs meanwhile.
-func TestExecTold(t *testing.T) {
+// Each child this test starts is told twice, among whatever else the machine does meanwhile: its
+// fork, with this process as its parent, and its exec, with its pid.
+func TestForkAndExecTold(t *testing.T) {
 	e := listen(t)
-	want := map[int]bool{}
+	want := map[Event]bool{}
 	for range 5 {
 		c := exec.Command("/bin/true")
 		if err := c.Run(); err != nil {
 			t.Fatal(err)
 		}
-		want[c.Process.Pid] = true
+		want[Event{Kind: Fork, Pid: c.Process.Pid, Parent: os.Getpid()}] = true
+		want[Event{Kind: Exec, Pid: c.Process.Pid}] = true
 	}
-	got := make(chan int, 64)
+	got := make(chan Event, 64)
 	go func() {
 		for {
-			pid, err := e.Next()
+			ev, err := e.Next()
 			if errors.Is(err, ErrLost) {
 				continue
 			}
@@ -47,19 +48,19 @@ func TestExecTold(t *testing.T) {
 				close(got)
 				return
 			}
-			got <- pid
+			got <- ev
 		}
 	}()
 	deadline := time.After(10 * time.Second)
 	for len(want) > 0 {
 		select {
-		case pid, ok := <-got:
+		case ev, ok := <-got:
 			if !ok {
-				t.Fatalf("the reader stopped with %d execs untold", len(want))
+				t.Fatalf("the reader stopped with %d events untold", len(want))
 			}
-			delete(want, pid)
+			delete(want, ev)
 		case <-deadline:
-			t.Fatalf("execs of %v not told within 10 s", want)
+			t.Fatalf("%v not told within 10 s", want)
 		}
 	}
 }
@@ -88,30 +89,43 @@ func TestCloseEndsNext(t *testing.T) {
 	}
 }
 
-// A message that is not an exec event is none: another event, another connector, a short one.
-func TestExecOfOthers(t *testing.T) {
-	msg := func(idx uint32, what uint32, tgid int32) []byte {
-		b := make([]byte, nlmsgHdrLen+cnMsgLen+execLen)
+// parse tells an exec and a fork of a process; a fork that made a thread, another event, another
+// connector's message and a short one are none.
+func TestParse(t *testing.T) {
+	msg := func(idx uint32, what uint32, data ...int32) []byte {
+		b := make([]byte, nlmsgHdrLen+cnMsgLen+eventHdrLen+4*len(data))
 		c := b[nlmsgHdrLen:]
 		le := binary.LittleEndian
 		le.PutUint32(c[0:], idx)
 		le.PutUint32(c[4:], cnValProc)
-		le.PutUint16(c[16:], execLen)
+		le.PutUint16(c[16:], uint16(eventHdrLen+4*len(data)))
 		ev := c[cnMsgLen:]
 		le.PutUint32(ev, what)
-		le.PutUint32(ev[eventHdrLen+4:], uint32(tgid))
+		for i, d := range data {
+			le.PutUint32(ev[eventHdrLen+4*i:], uint32(d))
+		}
 		return b
 	}
-	if tgid, ok := execOf(msg(cnIdxProc, eventExec, 4242)); !ok || tgid != 4242 {
-		t.Fatalf("an exec of 4242 read as %d, %v", tgid, ok)
+	for name, tc := range map[string]struct {
+		m    []byte
+		want Event
+	}{
+		"exec": {msg(cnIdxProc, eventExec, 4243, 4242), Event{Kind: Exec, Pid: 4242}},
+		"fork": {msg(cnIdxProc, eventFork, 4201, 4200, 4242, 4242), Event{Kind: Fork, Pid: 4242, Parent: 4200}},
+	} {
+		if got, ok := parse(tc.m); !ok || got != tc.want {
+			t.Errorf("%s read as %+v, %v; want %+v", name, got, ok, tc.want)
+		}
 	}
 	for name, m := range map[string][]byte{
-		"fork":              msg(cnIdxProc, 0x1, 4242),
-		"another connector": msg(2, eventExec, 4242),
-		"short":             msg(cnIdxProc, eventExec, 4242)[:nlmsgHdrLen+cnMsgLen+8],
+		"a thread":          msg(cnIdxProc, eventFork, 4201, 4200, 4242, 4200),
+		"an exit":           msg(cnIdxProc, 0x80000000, 4242, 4242, 0, 0),
+		"another connector": msg(2, eventExec, 4243, 4242),
+		"a short exec":      msg(cnIdxProc, eventExec, 4243),
+		"a short fork":      msg(cnIdxProc, eventFork, 4201, 4200, 4242),
 	} {
-		if _, ok := execOf(m); ok {
-			t.Errorf("%s read as an exec", name)
+		if ev, ok := parse(m); ok {
+			t.Errorf("%s read as %+v", name, ev)
 		}
 	}
 }

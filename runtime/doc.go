@@ -59,7 +59,8 @@
 // # Goroutines
 //
 // The evictor (Evictor.Loop, one OS thread), the rescan loop and, where farmem may listen to the
-// kernel's exec events, their reader (watchExecs) run from Start to Close. Each
+// kernel's process events, their reader (watchEvents) run from Start to Close; each lifeline of
+// farmem's making has a goroutine that lets it go (lifelines.go). Each
 // process has its fault thread and, with memory servers and a prefetcher, a prefetch worker
 // (package fetcher), and an exit watcher that retires it. Each mapping filter has a listener,
 // and each notified call a goroutine of its own (an agent round trip must not hold up another

@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"errors"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,11 +26,15 @@ import (
 // TestAsUserSilentForkChildDiesWithFarmem fails if a kernel changes that. farmem lets a
 // lifeline go, once its process has exited, read end first, which signals nobody.
 //
-// A child is guarded when the rescan finds it among a served process's children, its vDSO where
-// its parent's is (a fork child, not an exec'd image), not served by pid, while its parent has
-// a fork child served on its FORK event alone. A child that says its hello later has two
-// lifelines, which is harmless. Not guarded: such a child whose parent exited before the rescan
-// looked (it is no longer among the served processes' children), and the children it forks.
+// A process is guarded when it is not served by pid and its vDSO is where that of a fork child
+// served on its FORK event alone, with no pid yet, is (its parent's, which fork copies; an exec
+// places it anew). That is looked at as the kernel's process events tell of a fork by a served
+// process, for a moment after (guardForked, where farmem may listen to them), whoever the parent
+// is by then (it may have exited at once), and when the rescan finds one among a served
+// process's children. A child that says its hello later has two lifelines, which is harmless.
+// Not guarded: the children such a child forks, and one whose parent was gone before farmem
+// heard of the fork, or, where farmem hears no process events, before the rescan looked (it is
+// no longer among the served processes' children).
 
 // lifeline is one of farmem's making: the pipe's two ends, and the pidfd of the process it
 // guards, which says when it has exited.
@@ -45,54 +51,89 @@ type lifelines struct {
 
 func newLifelines() *lifelines { return &lifelines{byID: map[int]*lifeline{}, stop: -1} }
 
-// guardSilentForkChild gives c, a child of served process p, a lifeline of farmem's making if
-// it may be a fork child of p served on its FORK event alone (see above).
-func (rt *Runtime) guardSilentForkChild(c int, p *Process) {
-	if p.probe == 0 || rt.Lookup(c) != nil || !rt.hasSilentForkChild(p) {
-		return
+// guardIfSilent gives process c a lifeline of farmem's making if it may be a fork child served
+// on its FORK event alone (see above), and reports whether c has one.
+func (rt *Runtime) guardIfSilent(c int) bool {
+	if rt.Lookup(c) != nil {
+		return false
 	}
-	if v, err := vdso(c); err != nil || v != p.probe {
-		return // gone, or an exec'd image
-	}
-	if same, err := sameMemory(c, p.Pid()); err != nil || same {
-		return // gone, or a vfork child: its parent's lifeline is its own
-	}
-	rt.lifelines.guard(c)
+	return rt.lifelines.guard(c, func() bool {
+		v, err := vdso(c) // after the pidfd is open: c is the process it names, or gone
+		return err == nil && rt.silentWithVDSO(v)
+	})
 }
 
-// hasSilentForkChild reports whether p has a fork child served on its FORK event with no pid
-// yet: one that has not said hello, or never will.
-func (rt *Runtime) hasSilentForkChild(p *Process) bool {
+// silentWithVDSO reports whether a fork child served on its FORK event with no pid yet (one that
+// has not said hello, or never will) has its vDSO at v.
+func (rt *Runtime) silentWithVDSO(v uint64) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	for c := range rt.procs {
-		if c.forkParent == p && c.Pid() == 0 {
+		if c.forkParent != nil && c.Pid() == 0 && c.probe == v {
 			return true
 		}
 	}
 	return false
 }
 
-// guard makes process pid a lifeline, unless it has one of farmem's making already. Failing
-// (the process is gone, or farmem is out of descriptors), it makes none: the process runs as
-// before.
-func (ls *lifelines) guard(pid int) {
+// silentServed reports whether any fork child is served on its FORK event with no pid yet.
+func (rt *Runtime) silentServed() bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for c := range rt.procs {
+		if c.forkParent != nil && c.Pid() == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// forkGuardWait is how long guardForked looks, every forkGuardStep, for a process just forked
+// to turn out to be a fork child with no lifeline: its parent's fault thread applies its FORK
+// event (which clones the parent's page table) a moment after the kernel tells of the fork, or
+// the child says its hello.
+const (
+	forkGuardStep = 20 * time.Millisecond
+	forkGuardWait = 500 * time.Millisecond
+)
+
+// guardForked guards c, a process a served process has just forked, if it turns out to be a fork
+// child that may have no lifeline; it stops looking once c says its hello or is gone.
+func (rt *Runtime) guardForked(c int) {
+	for waited := time.Duration(0); waited < forkGuardWait; waited += forkGuardStep {
+		time.Sleep(forkGuardStep)
+		if rt.Lookup(c) != nil || unix.Kill(c, 0) == unix.ESRCH {
+			return // it said hello, or it is gone
+		}
+		if rt.silentServed() && rt.guardIfSilent(c) {
+			return
+		}
+	}
+}
+
+// guard makes process pid a lifeline if needs says so once pid's pidfd is open, unless it has
+// one of farmem's making already, and reports whether it has one. Failing (the process is gone,
+// or farmem is out of descriptors), it makes none: the process runs as before.
+func (ls *lifelines) guard(pid int, needs func() bool) bool {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if ls.byID == nil || ls.byID[pid] != nil {
-		return
+	if ls.byID == nil {
+		return false
+	}
+	if ls.byID[pid] != nil {
+		return true
 	}
 	if ls.stop < 0 {
 		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 		if err != nil {
-			return
+			return false
 		}
 		ls.stop = fd
 	}
 	l := &lifeline{r: -1, w: -1, pidfd: -1}
-	if err := l.make(pid); err != nil {
+	if err := l.make(pid, needs); err != nil {
 		l.close()
-		return
+		return false
 	}
 	ls.byID[pid] = l
 	ls.wg.Add(1)
@@ -111,14 +152,21 @@ func (ls *lifelines) guard(pid int) {
 		ls.mu.Unlock()
 		l.close()
 	}()
+	return true
 }
 
-// make opens the pidfd of process pid and the pipe, its write end on a higher descriptor than
-// its read end, which is set to SIGKILL pid once no writer is left.
-func (l *lifeline) make(pid int) error {
+// errNotNeeded: the process guard was asked about needs no lifeline.
+var errNotNeeded = errors.New("no lifeline needed")
+
+// make opens the pidfd of process pid and, if needs says so then, the pipe, its write end on a
+// higher descriptor than its read end, which is set to SIGKILL pid once no writer is left.
+func (l *lifeline) make(pid int, needs func() bool) error {
 	var err error
 	if l.pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
 		return err
+	}
+	if !needs() {
+		return errNotNeeded
 	}
 	var p [2]int
 	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {

@@ -144,9 +144,9 @@ type Runtime struct {
 	started  atomic.Bool
 	stop     chan struct{}  // closed by Close: the loops end
 	finished sync.WaitGroup // the loops and the filter listeners
-	// execs tells of execs as they happen (watchExecs); set by Start where farmem may listen,
-	// closed by Close.
-	execs *procevents.Execs
+	// events tells of forks and execs as they happen (watchEvents); set by Start where farmem
+	// may listen, closed by Close.
+	events *procevents.Events
 }
 
 // New makes the runtime of one run. Start runs it; Close ends it.
@@ -177,9 +177,9 @@ func New(cfg Config) (*Runtime, error) {
 	return rt, nil
 }
 
-// Start runs the evictor, the RSS poll that arms the run and finds unseen mappings, and, in a run
-// that enters exec'd images, the watch of the kernel's exec events. Call it once, before the
-// first Attach.
+// Start runs the evictor, the RSS poll that arms the run and finds unseen mappings, and, where
+// farmem may listen, the watch of the kernel's process events. Call it once, before the first
+// Attach.
 func (rt *Runtime) Start() {
 	if !rt.started.CompareAndSwap(false, true) {
 		return
@@ -187,13 +187,10 @@ func (rt *Runtime) Start() {
 	rt.finished.Add(2)
 	go func() { defer rt.finished.Done(); rt.evictor.Loop(rt.stop) }()
 	go func() { defer rt.finished.Done(); rt.rescanLoop() }()
-	if rt.cfg.Images == nil {
-		return
-	}
-	if execs, err := procevents.Listen(); err == nil { // else the rescan loop looks for them
-		rt.execs = execs
+	if evs, err := procevents.Listen(); err == nil { // else the rescan loop looks
+		rt.events = evs
 		rt.finished.Add(1)
-		go func() { defer rt.finished.Done(); rt.watchExecs(execs) }()
+		go func() { defer rt.finished.Done(); rt.watchEvents(evs) }()
 	}
 }
 
@@ -210,8 +207,8 @@ func (rt *Runtime) Close() {
 	}
 	rt.mu.Unlock()
 	close(rt.stop)
-	if rt.execs != nil {
-		rt.execs.Close()
+	if rt.events != nil {
+		rt.events.Close()
 	}
 	rt.finished.Wait()
 	rt.lifelines.close()

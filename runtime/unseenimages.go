@@ -18,13 +18,13 @@ import (
 // vDSO is where its forker's is: it says hello, or a fork server is entering it, or it is served
 // on its FORK event alone). It is served
 // as any exec'd image (serveImage), found two ways: the kernel's process events tell of each
-// exec as it happens (watchExecs), where farmem may listen to them (CAP_NET_ADMIN, the initial
+// exec as it happens (watchEvents), where farmem may listen to them (CAP_NET_ADMIN, the initial
 // namespaces); and the rescan loop looks among the served processes' children every forkSweep
 // (lookAmongChildren), which finds those the events did not tell of, but not an image that lived
 // less than that.
 
 // lookAmongChildren serves the images among procs' children that nothing else told of, and
-// guards the fork children among them that may have no lifeline (lifelines.go). Images not in a
+// guards the fork children among them that may have no lifeline (guardIfSilent). Images not in a
 // run that enters none (farmem attach, where children the process had before are none of
 // farmem's).
 func (rt *Runtime) lookAmongChildren(procs []evictor.Target) {
@@ -42,29 +42,40 @@ func (rt *Runtime) lookAmongChildren(procs []evictor.Target) {
 			if rt.cfg.Images != nil {
 				rt.serveIfUnseen(c, p)
 			}
-			rt.guardSilentForkChild(c, p)
+			rt.guardIfSilent(c)
 		}
 	}
 }
 
-// watchExecs serves each image a child of a served process exec's, told by the kernel's process
-// events as the exec happens, until Close closes execs. Events the socket lost are left to the
-// rescan loop's look.
-func (rt *Runtime) watchExecs(execs *procevents.Execs) {
+// watchEvents acts on the kernel's process events until Close closes them: it serves each image
+// a child of a served process exec's as the exec happens (serveIfUnseen; not in a run that enters
+// no image), and guards each child a served process forks that turns out to be a fork child with
+// no lifeline (guardForked). Events the socket lost are left to the rescan loop's look.
+func (rt *Runtime) watchEvents(evs *procevents.Events) {
 	for {
-		pid, err := execs.Next()
+		ev, err := evs.Next()
 		if errors.Is(err, procevents.ErrLost) {
 			continue
 		}
 		if err != nil {
 			return
 		}
-		ppid, err := procfs.PPid(pid)
-		if err != nil {
-			continue // gone already
-		}
-		if p := rt.Lookup(ppid); p != nil {
-			rt.serveIfUnseen(pid, p)
+		switch ev.Kind {
+		case procevents.Exec:
+			if rt.cfg.Images == nil {
+				continue
+			}
+			ppid, err := procfs.PPid(ev.Pid)
+			if err != nil {
+				continue // gone already
+			}
+			if p := rt.Lookup(ppid); p != nil {
+				rt.serveIfUnseen(ev.Pid, p)
+			}
+		case procevents.Fork:
+			if rt.Lookup(ev.Parent) != nil {
+				go rt.guardForked(ev.Pid)
+			}
 		}
 	}
 }

@@ -369,7 +369,21 @@ func TestAsUserRawForkOrphanReadsItsPages(t *testing.T) {
 // child, so that farmem's death kills the child rather than leave it reading zeros where its
 // evicted pages were. Unkilled, it would read them as zeros once farmem is gone (the uffd they
 // are registered on is farmem's alone).
-func TestAsUserSilentForkChildDiesWithFarmem(t *testing.T) {
+func TestAsUserSilentForkChildDiesWithFarmem(t *testing.T) { silentChildDiesWithFarmem(t, "wait") }
+
+// The same when the parent exits at once, leaving its child to init before farmem's rescan can
+// find it among its children: the kernel's process events tell farmem of the fork.
+func TestAsUserSilentOrphanDiesWithFarmem(t *testing.T) {
+	if c := processEventsCheck(); c.verdict != checkOK {
+		t.Skipf("farmem hears of no fork as it happens here (%s): only the rescan finds such children", c.detail)
+	}
+	silentChildDiesWithFarmem(t, "orphan")
+}
+
+// silentChildDiesWithFarmem runs rawclone as nobody under farmem with how (wait: the parent waits
+// for the child; orphan: it exits at once), kills farmem while the child sleeps, and fails unless
+// the child dies without a word.
+func silentChildDiesWithFarmem(t *testing.T, how string) {
 	runuser := need(t, "/usr/sbin/runuser")
 	dir := nobodyDir(t)
 	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
@@ -381,7 +395,11 @@ func TestAsUserSilentForkChildDiesWithFarmem(t *testing.T) {
 	}
 	verdict := filepath.Join(dir, "child")
 	var stderr syncBuffer
-	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "64MiB", "--", runuser, "-u", "nobody", "--", prog, "160", "4", verdict)
+	args := []string{"run", "--local-mem", "64MiB", "--", runuser, "-u", "nobody", "--", prog, "160", "4", verdict}
+	if how == "orphan" {
+		args = append(args, how)
+	}
+	cmd := exec.Command(farmemBin(t), args...)
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -133,27 +133,28 @@ func doctor() []check {
 	}
 	out = append(out, check{checkOK, "transports", detail})
 	out = append(out, staticCheck())
-	out = append(out, execEventsCheck())
+	out = append(out, processEventsCheck())
 	return out
 }
 
-// execEventsCheck says whether farmem hears of execs as they happen, by listening to the
-// kernel's process events and running true: without them, an image a process exec's before
-// the run arms (a shell's command, posix_spawn's) is found only by a look every 100 ms.
-func execEventsCheck() check {
-	const what = "exec events"
-	const without = "an image a process exec's before the run arms (a shell's commands, posix_spawn's) is found by a look every 100 ms instead, and one that lives less than that may run unserved"
+// processEventsCheck says whether farmem hears of forks and execs as they happen, by listening to
+// the kernel's process events and running true: without them, an image a process exec's before
+// the run arms (a shell's command, posix_spawn's) is found only by a look every 100 ms, and so is
+// a fork child that says no hello, whose lifeline farmem makes.
+func processEventsCheck() check {
+	const what = "process events"
+	const without = "an image a process exec's before the run arms (a shell's commands, posix_spawn's) is found by a look every 100 ms instead, and one that lives less than that may run unserved; a fork child that says no hello (a raw clone in a process running as another user) is given a lifeline only if that look finds it"
 	e, err := procevents.Listen()
 	if err != nil {
 		return check{checkDegraded, what, fmt.Sprintf("%v (CAP_NET_ADMIN): %s", err, without)}
 	}
 	defer e.Close()
-	told := make(chan int)
+	told := make(chan procevents.Event)
 	done := make(chan struct{})
-	defer close(done) // before the Close above: the reader, waiting to hand over an exec, ends
+	defer close(done) // before the Close above: the reader, waiting to hand over an event, ends
 	go func() {
 		for {
-			pid, err := e.Next()
+			ev, err := e.Next()
 			if errors.Is(err, procevents.ErrLost) {
 				continue
 			}
@@ -162,7 +163,7 @@ func execEventsCheck() check {
 				return
 			}
 			select {
-			case told <- pid:
+			case told <- ev:
 			case <-done:
 				return
 			}
@@ -176,20 +177,23 @@ func execEventsCheck() check {
 	if err := c.Run(); err != nil {
 		return check{checkDegraded, what, fmt.Sprintf("running %s: %v: not checked", prog, err)}
 	}
+	want := map[procevents.Event]bool{
+		{Kind: procevents.Fork, Pid: c.Process.Pid, Parent: os.Getpid()}: true,
+		{Kind: procevents.Exec, Pid: c.Process.Pid}:                      true,
+	}
 	deadline := time.After(2 * time.Second)
-	for {
+	for len(want) > 0 {
 		select {
-		case pid, ok := <-told:
+		case ev, ok := <-told:
 			if !ok {
 				return check{checkDegraded, what, "the listener stopped: " + without}
 			}
-			if pid == c.Process.Pid {
-				return check{checkOK, what, "the kernel tells farmem of each exec as it happens (its process events connector), so every image a process exec's is entered at its start"}
-			}
+			delete(want, ev)
 		case <-deadline:
-			return check{checkDegraded, what, "the kernel told of no exec within 2 s (outside the initial namespaces it tells nothing): " + without}
+			return check{checkDegraded, what, "the kernel told of no fork and exec within 2 s (outside the initial namespaces it tells nothing): " + without}
 		}
 	}
+	return check{checkOK, what, "the kernel tells farmem of each fork and exec as it happens (its process events connector), so every image a process exec's is entered at its start, and a fork child that says no hello is given a lifeline at its birth"}
 }
 
 // staticCheck says whether farmem can serve a statically linked program here: it injects its

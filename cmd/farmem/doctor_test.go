@@ -23,7 +23,7 @@ func TestDoctor(t *testing.T) {
 		t.Fatalf("farmem doctor as root: %v", err)
 	}
 	for _, want := range []string{"ok        userfaultfd: ", "ok        userfaultfd features: ", "UFFDIO_MOVE: ", "process_madvise on itself: ",
-		"memory cgroup: ", "seccomp user notification: ", "transports: tcp, shm", "ok        exec events: ", "farmem run will work here."} {
+		"memory cgroup: ", "seccomp user notification: ", "transports: tcp, shm", "ok        process events: ", "farmem run will work here."} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q in farmem doctor's answer", want)
 		}

@@ -204,7 +204,7 @@ func TestVforkExecedBeforeArmingServed(t *testing.T) {
 // over. Each is entered as it starts, told by the kernel's exec events, not only those the rescan
 // loop happens to find alive.
 func TestShortExecedImagesEntered(t *testing.T) {
-	if c := execEventsCheck(); c.verdict != checkOK {
+	if c := processEventsCheck(); c.verdict != checkOK {
 		t.Skipf("farmem hears of no exec as it happens here (%s): only the rescan finds such images", c.detail)
 	}
 	dash := need(t, "/usr/bin/dash")

@@ -2,8 +2,9 @@
  * atfork handler runs, in the parent or the child), or with glibc's _Fork() when the fourth
  * argument is _Fork (no handler runs either), and prints "forked PID". The child waits SECONDS,
  * verifies every page, and writes "child ok" or "child BAD N" (N pages wrong) to OUT; the parent
- * waits for it and exits with its status, or, when the fourth argument is orphan, exits at once
- * (a raw clone's child outliving its parent, as a daemon's does). With cloneparent the clone is
+ * waits for it and exits with its status, or, when the fourth argument is orphan, exits at once,
+ * by the system call, before anything else (a raw clone's child outliving its parent, as a
+ * daemon's does; the child says "forked PID" then). With cloneparent the clone is
  * made with CLONE_PARENT (the child is its parent's sibling: a child of its parent's parent),
  * and the parent exits a second later, leaving the child to its grandparent meanwhile.
  * usage: rawclone MIB SECONDS OUT [_Fork|orphan|cloneparent] */
@@ -37,8 +38,14 @@ int main(int argc, char **argv)
 	long pid = !strcmp(mode, "_Fork")	? _Fork()
 		   : !strcmp(mode, "cloneparent") ? syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0)
 						  : syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+	if (pid > 0 && !strcmp(mode, "orphan")) syscall(SYS_exit_group, 0);
 	if (pid == 0) {
 		/* Raw system calls only: the child's libc state is its parent's thread's. */
+		if (!strcmp(mode, "orphan")) {
+			char said[32];
+			int n = snprintf(said, sizeof said, "forked %ld\n", syscall(SYS_getpid));
+			syscall(SYS_write, 1, said, n);
+		}
 		struct timespec ts = { atoi(argv[2]), 0 };
 		syscall(SYS_nanosleep, &ts, 0);
 		long bad = 0;
@@ -52,7 +59,6 @@ int main(int argc, char **argv)
 	if (pid < 0) return 2;
 	printf("forked %ld\n", pid);
 	fflush(stdout);
-	if (!strcmp(mode, "orphan")) return 0;
 	if (!strcmp(mode, "cloneparent")) {
 		sleep(1);
 		return 0;
