@@ -335,22 +335,29 @@ func TestAsUserFarmemKilled(t *testing.T) {
 	}
 }
 
+// rawcloneAsNobody builds testdata/rawclone.c where user nobody may run it, and returns runuser,
+// the program, and the file its child writes its verdict to (in a directory nobody may write).
+func rawcloneAsNobody(t *testing.T) (runuser, prog, verdict string) {
+	t.Helper()
+	runuser = need(t, "/usr/sbin/runuser")
+	dir := nobodyDir(t)
+	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
+		t.Fatal(err)
+	}
+	prog = filepath.Join(dir, "rawclone")
+	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
+		t.Fatalf("building rawclone: %v\n%s", err, b)
+	}
+	return runuser, prog, filepath.Join(dir, "child")
+}
+
 // A process running as nobody and served without the mapping filter (the run armed after it
 // switched users) forks by a raw clone and exits at once. Its child runs no atfork handler, and no
 // filter hands its fork over: it says no hello, and is served on its FORK event alone. It outlives
 // its parent by more than the grace a silent orphan is given to say hello (5 s), then reads every
 // page back: each its own, none zeros, and farmem serves it to its end.
 func TestAsUserRawForkOrphanReadsItsPages(t *testing.T) {
-	runuser := need(t, "/usr/sbin/runuser")
-	dir := nobodyDir(t)
-	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
-		t.Fatal(err)
-	}
-	prog := filepath.Join(dir, "rawclone")
-	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
-		t.Fatalf("building rawclone: %v\n%s", err, b)
-	}
-	verdict := filepath.Join(dir, "child")
+	runuser, prog, verdict := rawcloneAsNobody(t)
 	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "64MiB", "--", runuser, "-u", "nobody", "--",
 		prog, "160", "7", verdict, "orphan").CombinedOutput()
 	if err != nil {
@@ -384,16 +391,7 @@ func TestAsUserSilentOrphanDiesWithFarmem(t *testing.T) {
 // for the child; orphan: it exits at once), kills farmem while the child sleeps, and fails unless
 // the child dies without a word.
 func silentChildDiesWithFarmem(t *testing.T, how string) {
-	runuser := need(t, "/usr/sbin/runuser")
-	dir := nobodyDir(t)
-	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
-		t.Fatal(err)
-	}
-	prog := filepath.Join(dir, "rawclone")
-	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
-		t.Fatalf("building rawclone: %v\n%s", err, b)
-	}
-	verdict := filepath.Join(dir, "child")
+	runuser, prog, verdict := rawcloneAsNobody(t)
 	var stderr syncBuffer
 	args := []string{"run", "--local-mem", "64MiB", "--", runuser, "-u", "nobody", "--", prog, "160", "4", verdict}
 	if how == "orphan" {
@@ -401,22 +399,8 @@ func silentChildDiesWithFarmem(t *testing.T, how string) {
 	}
 	cmd := exec.Command(farmemBin(t), args...)
 	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var child int
-	if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("no child: %v\n%s", err, stderr.String())
-	}
-	time.Sleep(time.Second) // the rescan looks among the served processes' children every 100 ms
-	cmd.Process.Kill()      // while the child sleeps, its pages evicted
-	cmd.Wait()
+	// The rescan looks among the served processes' children every 100 ms.
+	child := killFarmemOnceForked(t, cmd, time.Second)
 	if !strings.Contains(stderr.String(), "it is served without the filter") {
 		t.Fatalf("the run armed before the program switched users (the test needs one that did not):\n%s", stderr.String())
 	}
@@ -434,16 +418,7 @@ func silentChildDiesWithFarmem(t *testing.T, how string) {
 // its FORK event, not an image runuser exec'd: farmem must not take it for one and enter it a
 // second time (a second agent and uffd beside the event's), nor count it as an image.
 func TestAsUserCloneParentChildNotTakenForAnImage(t *testing.T) {
-	runuser := need(t, "/usr/sbin/runuser")
-	dir := nobodyDir(t)
-	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
-		t.Fatal(err)
-	}
-	prog := filepath.Join(dir, "rawclone")
-	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
-		t.Fatalf("building rawclone: %v\n%s", err, b)
-	}
-	verdict := filepath.Join(dir, "child")
+	runuser, prog, verdict := rawcloneAsNobody(t)
 	summary := filepath.Join(t.TempDir(), "summary.json")
 	out, err := exec.Command(farmemBin(t), "run", "--local-mem", "64MiB", "--summary-json", summary, "--",
 		runuser, "-u", "nobody", "--", prog, "160", "3", verdict, "cloneparent").CombinedOutput()

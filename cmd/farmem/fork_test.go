@@ -148,20 +148,7 @@ func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 		}
 		os.Remove(out)
 		cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "3", out, how)
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		var child int
-		if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
-			cmd.Process.Kill()
-			t.Fatalf("%s: no child: %v", how, err)
-		}
-		cmd.Process.Kill() // while the child sleeps, its pages evicted
-		cmd.Wait()
+		child := killFarmemOnceForked(t, cmd, 0)
 		if !exitsWithin(child, 10*time.Second) {
 			syscall.Kill(child, syscall.SIGKILL)
 			t.Fatalf("%s: the child %d still runs 10 s after farmem was killed", how, child)
@@ -170,6 +157,30 @@ func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 			t.Fatalf("%s: the child outlived farmem and wrote %q", how, b)
 		}
 	}
+}
+
+// killFarmemOnceForked starts cmd, farmem running rawclone, reads the child's pid from its
+// "forked PID", gives farmem settle more, and kills farmem (SIGKILL) while the child sleeps, its
+// pages evicted. It returns the child's pid.
+func killFarmemOnceForked(t *testing.T, cmd *exec.Cmd, settle time.Duration) int {
+	t.Helper()
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	if _, err := fmt.Fscanf(stdout, "forked %d\n", &child); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("no child: %v", err)
+	}
+	time.Sleep(settle)
+	cmd.Process.Kill()
+	cmd.Wait()
+	return child
 }
 
 // A process that exits while another of its threads forks with a raw clone ends that fork
