@@ -144,14 +144,19 @@ func (a *arena) take(n int) (i int, blob, ahead []byte, err error) {
 // with the others of a range first, the same writes cost half as much on a VM guest, where every
 // first touch is the host's work too, and the eviction batches of a random walk whose store
 // grows all run long took half as long (results/prefault.md). A quarter of a MiB is 64 pages
-// to a call, and at most that much filled in before it is used.
-const fillAhead = 256 << 10
+// to a call, and at most that much filled in before it is used; no more than the arena holds
+// already, and at least fillAheadMin, so that a process's space (Memory) that stores a few pages
+// keeps little memory for more.
+const (
+	fillAhead    = 256 << 10
+	fillAheadMin = 64 << 10
+)
 
 // fillFor returns the never-used memory to fill in for blob i, a blob never used before:
 // nothing if its bytes were handed out already, else from the first page not yet handed out
-// to at least fillAhead bytes past it, or to the end of i's chunk, and always past the blob's
-// last byte. The pages past next are live to a trim (pageFree), so none of them is given back
-// while it is filled in.
+// to at least fillAhead bytes past it (fewer while the arena holds less), or to the end of i's
+// chunk, and always past the blob's last byte. The pages past next are live to a trim
+// (pageFree), so none of them is given back while it is filled in.
 func (a *arena) fillFor(i int) []byte {
 	c, j := a.locate(i)
 	if ci := (i - 1) / a.perChunk; ci != a.fillChunk {
@@ -162,7 +167,8 @@ func (a *arena) fillFor(i int) []byte {
 		return nil
 	}
 	start := max(a.filledTo, j*a.size&^(PageSize-1))
-	end := min((max(start+fillAhead, blobEnd)+PageSize-1)&^(PageSize-1), len(c.data))
+	ahead := min(fillAhead, max(fillAheadMin, a.inUse*a.size))
+	end := min((max(start+ahead, blobEnd)+PageSize-1)&^(PageSize-1), len(c.data))
 	a.filledTo = end
 	return c.data[start:end]
 }
