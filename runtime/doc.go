@@ -8,7 +8,8 @@
 //     (execed.go, ImageServer), and so is one a vfork child of it exec's, which the mapping
 //     filter tells of (vforkexec.go), or the kernel's exec events or the rescan loop find
 //     (unseenimages.go); a raw fork's child, which no atfork handler of the shim runs in, is
-//     entered too (Config.RawForks).
+//     entered too (Config.RawForks), or, where no filter hands the fork over, given a lifeline
+//     of farmem's making (lifelines.go).
 //     A Process is the evictor's Target and its fetcher's Host: package fetcher serves its
 //     faults, package evictor takes its pages; the runtime holds what both must agree on (the
 //     cap, the uffd's life, the agent).
@@ -47,6 +48,8 @@
 //	PageTable.mu        the process's page table (package pagetable: then Slots.mu), held for
 //	                    in-memory work, and by the fault thread while it installs a page
 //	PrefetchCache.mu    cache mode's prefetch cache, looked up under the page table's lock
+//	lifelines.mu        farmem's own lifelines (lifelines.go), held while one is made, which
+//	                    looks at the process registry
 //	Runtime.mu          the process registry and the first failure; nothing is taken under it,
 //	                    and the fault thread may take it under its table's lock (Fail)
 //	Process.agentMu     the agent pointer; held to read or swap it, nothing else

@@ -17,7 +17,7 @@ import (
 // none: one made by a raw clone (no atfork handler runs) in a process that has no mapping filter
 // to hand its forks to farmem (one running as another user, served without it). It is served on
 // its FORK event alone, on a uffd only farmem holds, and the lifeline it inherited signals its
-// parent. So once the rescan loop finds such a child, farmem makes it a lifeline itself: the
+// parent. So once farmem finds such a child (below), it makes it a lifeline itself: the
 // owner of a pipe's read end, whom its O_ASYNC signal goes to, can be any process (F_SETOWN, by
 // root), and the read end can stay in farmem. When farmem dies the kernel releases its open
 // files last descriptor first (close_files queues each release as task work, which runs last
