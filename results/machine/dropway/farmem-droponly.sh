@@ -1,0 +1,2 @@
+#!/bin/sh
+FARMEM_DROP_ONLY=1 exec /tmp/farmem-dropvariant "$@"
