@@ -59,34 +59,13 @@ func (rt *Runtime) guardIfSilent(c int) bool {
 	}
 	return rt.lifelines.guard(c, func() bool {
 		v, err := vdso(c) // after the pidfd is open: c is the process it names, or gone
-		return err == nil && rt.silentWithVDSO(v)
+		return err == nil && rt.anyServed(func(p *Process) bool { return silent(p) && p.probe == v })
 	})
 }
 
-// silentWithVDSO reports whether a fork child served on its FORK event with no pid yet (one that
-// has not said hello, or never will) has its vDSO at v.
-func (rt *Runtime) silentWithVDSO(v uint64) bool {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	for c := range rt.procs {
-		if c.forkParent != nil && c.Pid() == 0 && c.probe == v {
-			return true
-		}
-	}
-	return false
-}
-
-// silentServed reports whether any fork child is served on its FORK event with no pid yet.
-func (rt *Runtime) silentServed() bool {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	for c := range rt.procs {
-		if c.forkParent != nil && c.Pid() == 0 {
-			return true
-		}
-	}
-	return false
-}
+// silent reports whether p is a fork child served on its FORK event with no pid yet: one that
+// has not said hello, or never will.
+func silent(p *Process) bool { return p.forkParent != nil && p.Pid() == 0 }
 
 // forkGuardWait is how long guardForked looks, every forkGuardStep, for a process just forked
 // to turn out to be a fork child with no lifeline: its parent's fault thread applies its FORK
@@ -105,7 +84,7 @@ func (rt *Runtime) guardForked(c int) {
 		if rt.Lookup(c) != nil || unix.Kill(c, 0) == unix.ESRCH {
 			return // it said hello, or it is gone
 		}
-		if rt.silentServed() && rt.guardIfSilent(c) {
+		if rt.anyServed(silent) && rt.guardIfSilent(c) {
 			return
 		}
 	}

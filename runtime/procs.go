@@ -403,6 +403,18 @@ func (rt *Runtime) retireSilentForkChildren(procs []evictor.Target) {
 	}
 }
 
+// anyServed reports whether f holds for a process served; f runs under rt.mu and takes nothing.
+func (rt *Runtime) anyServed(f func(*Process) bool) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for p := range rt.procs {
+		if f(p) {
+			return true
+		}
+	}
+	return false
+}
+
 // Pids returns the pids of the processes served.
 func (rt *Runtime) Pids() []int {
 	rt.mu.Lock()

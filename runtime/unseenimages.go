@@ -89,25 +89,13 @@ func (rt *Runtime) serveIfUnseen(c int, p *Process) {
 	if same, err := sameMemory(c, p.Pid()); err != nil || same {
 		return // gone, or a vfork child before its exec (the filter, or a later look)
 	}
-	if v, err := vdso(c); err != nil || v == p.probe || rt.forkedFromServed(v) || rt.imageTaken(c, v) || !execComplete(c) {
+	// A child whose vDSO is where a served process has its own is that process's fork child,
+	// whoever its parent is: a clone made with CLONE_PARENT is a child of its forker's parent.
+	// An exec places the vDSO anew, at random: an image's meets a served process's by chance.
+	if v, err := vdso(c); err != nil || v == p.probe || rt.anyServed(func(q *Process) bool { return q.probe == v }) || rt.imageTaken(c, v) || !execComplete(c) {
 		return // gone, a fork child, taken on already, or an exec not done yet
 	}
 	go rt.serveImage(c, nil, func() bool { return true })
-}
-
-// forkedFromServed reports whether a served process has its vDSO at v, as a fork child of it
-// has: a clone made with CLONE_PARENT is a child of its forker's parent, not of its forker, and
-// is no exec'd image for having its vDSO elsewhere than that parent's. An exec places the vDSO
-// anew, at random: an image's meets a served process's only by chance.
-func (rt *Runtime) forkedFromServed(v uint64) bool {
-	rt.mu.Lock()
-	defer rt.mu.Unlock()
-	for p := range rt.procs {
-		if p.probe == v {
-			return true
-		}
-	}
-	return false
 }
 
 // imageTaken reports whether serveImage took on the image of process pid whose vDSO is at v.
