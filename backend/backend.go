@@ -50,6 +50,8 @@ type Spaces interface {
 	StoreIn(sp Space, src []byte, slots []Slot) error
 	// EndSpace says nothing more is stored in sp; it goes once its last slot is freed.
 	EndSpace(sp Space)
+	// Where says which space slot s is in, and at what offset in its file.
+	Where(s Slot) (sp Space, off int64)
 }
 
 // BatchLoader is a Backend that reads several pages in one go: a memory server answers them in

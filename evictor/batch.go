@@ -153,7 +153,7 @@ func (b *batch) choose(want int) bool {
 		en := b.tb.Get(p)
 		b.ents = append(b.ents, en)
 		if b.base != 0 {
-			b.tb.Stage(en, i)
+			b.tb.Stage(p, en, i)
 		}
 	}
 	b.tb.Unlock()

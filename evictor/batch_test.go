@@ -96,6 +96,9 @@ func (h *hookBackend) NewSpace() (backend.Space, error) {
 	return h.Backend.(*backend.Memory).NewSpace()
 }
 func (h *hookBackend) EndSpace(sp backend.Space) { h.Backend.(*backend.Memory).EndSpace(sp) }
+func (h *hookBackend) Where(s backend.Slot) (backend.Space, int64) {
+	return h.Backend.(*backend.Memory).Where(s)
+}
 
 func (p *fakeProc) page(i int) uint64  { return p.addr + uint64(i)*ps }
 func (p *fakeProc) bytes(i int) []byte { return p.mem[i*ps : (i+1)*ps] }

@@ -40,7 +40,7 @@ func (e *Evictor) commit(b *batch) {
 			e.Stats.Dropped.Add(1)
 			b.rec.Dropped++
 		}
-		tb.CommitStaged(en, slot)
+		tb.CommitStaged(b.victims[i], en, slot)
 	}
 	for i, p := range b.dirty {
 		slot := b.slots[b.nStaged+i]
@@ -52,7 +52,7 @@ func (e *Evictor) commit(b *batch) {
 			continue
 		}
 		tb.Copied(en, b.sums[b.nStaged+i])
-		tb.MarkEvicted(en, slot)
+		tb.MarkEvicted(p, en, slot)
 		b.drop = append(b.drop, p)
 		e.written(b, slot)
 	}
@@ -62,7 +62,7 @@ func (e *Evictor) commit(b *batch) {
 			tb.Requeue(p)
 			continue
 		}
-		tb.MarkEvicted(en, en.Slot)
+		tb.MarkEvicted(p, en, en.Slot)
 		b.drop = append(b.drop, p)
 		e.Stats.Dropped.Add(1)
 		b.rec.Dropped++

@@ -28,7 +28,7 @@ func (e *Evictor) protect(b *batch) error {
 			continue // discarded, or moved by mremap, meanwhile
 		}
 		if en.Dirty || en.Slot == 0 {
-			en.State = pagetable.Evicting
+			b.tb.Protect(p, en)
 			b.dirty = append(b.dirty, p)
 		} else {
 			b.clean = append(b.clean, p)
@@ -76,7 +76,7 @@ func (e *Evictor) abort(b *batch) {
 	b.tb.Lock()
 	for _, p := range b.dirty {
 		if en := b.tb.Get(p); en != nil && en.State == pagetable.Evicting {
-			en.State = pagetable.Resident
+			b.tb.Unprotect(p, en)
 			b.tb.Requeue(p)
 		}
 	}
@@ -127,7 +127,7 @@ func (b *batch) settle() {
 	b.tb.Lock()
 	for _, p := range b.drop {
 		if en := b.tb.Get(p); en != nil && en.State == pagetable.Evicted {
-			en.Zapping = false
+			b.tb.Zapped(p, en)
 		}
 	}
 	b.tb.Unlock()

@@ -55,10 +55,10 @@ func (e *Evictor) moveOut(b *batch) error {
 			// gone wrong. It must not be read: the read would fault. Left Resident and off the
 			// queue: the REMAP event re-keys it to where the page is; if the record is wrong,
 			// the next fault on it finds it absent and stops the program (missing).
-			b.tb.Unstage(en)
+			b.tb.Unstage(b.victims[i], en)
 			e.Stats.Absent.Add(1)
 		default:
-			b.tb.Unstage(en) // still in the program: evicted the drop way, or requeued
+			b.tb.Unstage(b.victims[i], en) // still in the program: evicted the drop way, or requeued
 			b.rest = append(b.rest, b.victims[i])
 		}
 	}

@@ -115,7 +115,7 @@ func (f *Fetcher) predict(pg uint64, hit bool) {
 		b.trigger = pg
 	}
 	for _, a := range b.pages[:b.n] {
-		f.table.Get(a).Fetching = true
+		f.table.Fetch(a, f.table.Get(a))
 	}
 	select {
 	case f.prefetchQ <- b:
@@ -199,7 +199,7 @@ func (f *Fetcher) choose(b *prefetchBatch, w *prefetchWork) {
 func (f *Fetcher) finish(b *prefetchBatch) {
 	for _, a := range b.pages[:b.n] {
 		if e := f.table.Get(a); e != nil {
-			e.Fetching = false
+			f.table.Fetched(a, e)
 		}
 	}
 }

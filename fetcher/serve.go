@@ -358,11 +358,11 @@ func (f *Fetcher) endFarmemRead(pg uint64) outcome {
 // discard or move it are applied by this thread only, after. So e is still pg's evicted entry
 // when the lock is taken again, and the caller records the install as it would have under it.
 func (f *Fetcher) installUnlocked(e *pagetable.Entry, pg uint64, src unsafe.Pointer, mode uint64) (int64, error) {
-	e.Fetching = true
+	f.table.Fetch(pg, e)
 	f.table.Unlock()
 	n, err := uffd.Copy(f.fd, pg, src, ps, mode)
 	f.table.LockForFault()
-	e.Fetching = false
+	f.table.Fetched(pg, e)
 	return n, err
 }
 
@@ -373,11 +373,11 @@ func (f *Fetcher) installUnlocked(e *pagetable.Entry, pg uint64, src unsafe.Poin
 // again from scratch.
 func (f *Fetcher) readEvicted(pg uint64, e *pagetable.Entry, buf []byte) (same bool, err error) {
 	slot := e.Slot
-	e.Fetching = true
+	f.table.Fetch(pg, e)
 	f.table.Unlock()
 	err = f.fetchPage(slot, buf)
 	f.table.LockForFault()
-	e.Fetching = false
+	f.table.Fetched(pg, e)
 	return f.table.Get(pg) == e && e.State == pagetable.Evicted && e.Slot == slot, err
 }
 
@@ -472,7 +472,7 @@ func (f *Fetcher) wpFault(pg uint64) outcome {
 	case e == nil || e.State == pagetable.Resident:
 		// First write to a clean page: from now on its slot is stale.
 		if e != nil {
-			e.Dirty = true
+			t.FirstWrite(pg, e)
 		}
 		return f.unprotect(pg)
 	case e.State == pagetable.Evicting:

@@ -129,14 +129,14 @@ func TestFaultOnStagedVictim(t *testing.T) {
 
 	// Page 1, staged at index 2, moved there as the agent does.
 	moved := prog + ps
-	tb.Stage(tb.Get(moved), 2)
+	tb.Stage(moved, tb.Get(moved), 2)
 	if _, err := uffd.Move(stageFD, stage+2*ps, moved, ps, 0); err != nil {
 		t.Skipf("UFFDIO_MOVE: %v", err)
 	}
 	// Page 3, staged at index 3 and gone from the program, but never moved: its staging page
 	// is empty (the record of a page an mremap took, say).
 	unmoved := prog + 3*ps
-	tb.Stage(tb.Get(unmoved), 3)
+	tb.Stage(unmoved, tb.Get(unmoved), 3)
 	if err := unix.Madvise(progMem[3*ps:4*ps], unix.MADV_DONTNEED); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestFaultOnStagedVictim(t *testing.T) {
 		t.Fatal(err)
 	}
 	tb.Lock()
-	tb.CommitStaged(tb.Get(unmoved), slots[0])
+	tb.CommitStaged(unmoved, tb.Get(unmoved), slots[0])
 	tb.Unlock()
 	f.waiting.Store(true) // as the fault thread left it, so that Wake writes
 	f.Wake()

@@ -24,7 +24,7 @@ func BenchmarkCloneFor(b *testing.B) {
 			if err := m.Store(page, s); err != nil {
 				b.Fatal(err)
 			}
-			tb.MarkEvicted(e, s[0])
+			tb.MarkEvicted(pg, e, s[0])
 		}
 	}
 	b.ResetTimer()

@@ -16,7 +16,7 @@ func TestDiscardingRemembersTheProgramsRemovesForZapLag(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 
 	tb.Install(pg, Written, 0)
-	tb.MarkEvicted(tb.Get(pg), store(t, m))
+	tb.MarkEvicted(pg, tb.Get(pg), store(t, m))
 	tb.Removed(pg, pg+backend.PageSize, t0) // ours: the agent's DONTNEED of the victim
 	if tb.Discarding(pg, pg+backend.PageSize, t0) {
 		t.Error("our own eviction's REMOVE was taken for the program's discard")
@@ -43,7 +43,7 @@ func TestDiscardingRemembersTheProgramsRemovesForZapLag(t *testing.T) {
 
 	// A REMOVE that covers one of our victims and pages of the program's is the program's.
 	tb.Install(pg, Written, 0)
-	tb.MarkEvicted(tb.Get(pg), store(t, m))
+	tb.MarkEvicted(pg, tb.Get(pg), store(t, m))
 	tb.Removed(pg-backend.PageSize, pg+backend.PageSize, t0)
 	if !tb.Discarding(pg-backend.PageSize, pg, t0) {
 		t.Error("a REMOVE wider than our victim was not remembered")

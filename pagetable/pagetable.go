@@ -148,6 +148,9 @@ type PageTable struct {
 	// program's. Protected by mu.
 	staging, stagingEnd uint64
 	discards            []discard // protected by mu; the program's REMOVEs of the last ZapLag, oldest first
+	// pub keeps the words of the process's agent table (published.go); nil: no table. Set by
+	// Publish and Unpublish; protected by mu, as are the words farmem writes.
+	pub *publisher
 	// faultWaiting counts fault threads waiting for mu in LockForFault (one at most: a table
 	// has one fault thread); read by Victims, which yields to them.
 	faultWaiting atomic.Int32
@@ -206,6 +209,8 @@ func (t *PageTable) GuessingAll() bool { return t.guess.all && !t.LastStayGuess 
 // returns its entry. It takes over the entry's slot reference when slot equals it; any other
 // old slot is released.
 func (t *PageTable) Install(page uint64, d Dirt, slot backend.Slot) *Entry {
+	t.take(page)
+	defer t.sync(page)
 	e := t.pages[page]
 	if e == nil {
 		e = &Entry{}
@@ -256,6 +261,7 @@ func (t *PageTable) Discard(page uint64) {
 	if e == nil {
 		return
 	}
+	t.take(page)
 	if present(e.State) {
 		t.addResident(-1)
 	}
@@ -264,6 +270,7 @@ func (t *PageTable) Discard(page uint64) {
 	}
 	e.State = 0 // for whoever holds the pointer: an eviction batch
 	delete(t.pages, page)
+	t.sync(page)
 }
 
 // Copied records the checksum of e's content as the evictor copied it out, just before it
@@ -278,25 +285,35 @@ func (t *PageTable) Copied(e *Entry, sum uint32) {
 	e.Sum = sum
 }
 
-// MarkEvicted records that page's content now lives in slot (the entry's old slot, if
+// MarkEvicted records that page's content, entry e, now lives in slot (the entry's old slot, if
 // different, is released) and that our agent is about to drop it from the program.
-func (t *PageTable) MarkEvicted(e *Entry, slot backend.Slot) {
+func (t *PageTable) MarkEvicted(page uint64, e *Entry, slot backend.Slot) {
+	t.take(page)
 	t.evicted(e, slot)
 	e.InFlight, e.Zapping = true, true
+	t.sync(page)
 }
 
-// Stage marks a victim of a moving batch Staged at index i of the staging area.
-func (t *PageTable) Stage(e *Entry, i int) { e.State, e.Stage = Staged, uint16(i+1) }
+// Stage marks page's entry e, a victim of a moving batch, Staged at index i of the staging area.
+func (t *PageTable) Stage(page uint64, e *Entry, i int) {
+	t.take(page)
+	e.State, e.Stage = Staged, uint16(i+1)
+}
 
-// Unstage puts back a Staged page the agent could not move: it is still in the program. The
-// batch goes on to evict it the other way, or requeues it.
-func (t *PageTable) Unstage(e *Entry) { e.State, e.Stage = Resident, 0 }
+// Unstage puts back page's Staged entry e, which the agent could not move: it is still in the
+// program. The batch goes on to evict it the other way, or requeues it.
+func (t *PageTable) Unstage(page uint64, e *Entry) {
+	e.State, e.Stage = Resident, 0
+	t.sync(page)
+}
 
-// CommitStaged records that a moved page's content now lives in slot. The page left the
-// program when it moved, so no REMOVE of it is to come (the staging area's is not its).
-func (t *PageTable) CommitStaged(e *Entry, slot backend.Slot) {
+// CommitStaged records that a moved page's content, entry e, now lives in slot. The page left
+// the program when it moved, so no REMOVE of it is to come (the staging area's is not its).
+func (t *PageTable) CommitStaged(page uint64, e *Entry, slot backend.Slot) {
+	t.take(page)
 	t.evicted(e, slot)
 	e.InFlight, e.Zapping, e.Stage = false, false, 0
+	t.sync(page)
 }
 
 func (t *PageTable) evicted(e *Entry, slot backend.Slot) {
@@ -323,9 +340,12 @@ func (t *PageTable) Move(from, to, length uint64) {
 		if p >= from && p < from+length {
 			moved[p-from+to] = t.pages[p]
 			delete(t.pages, p)
+			t.sync(p)
 		}
 	}
 	for p, e := range moved {
+		// Farmem's until something at p syncs it: a batch holding e knows only its old address.
+		t.take(p)
 		t.pages[p] = e
 		// An eviction in progress works on the old address: it will find nothing there to
 		// commit (Evicting) or drop (Zapping). An Evicting page stays here, present and dirty
@@ -549,6 +569,7 @@ func (t *PageTable) Removed(start, end uint64, at time.Time) {
 	t.each(start, end, func(p uint64, e *Entry) {
 		if e.State == Evicted && e.InFlight {
 			e.InFlight = false
+			t.sync(p)
 			ours++
 		} else {
 			t.Discard(p)

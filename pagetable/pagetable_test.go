@@ -33,7 +33,7 @@ func TestRemovedOwnEvictionThenDiscard(t *testing.T) {
 	if res.Load() != 1 {
 		t.Fatalf("resident %d, want 1", res.Load())
 	}
-	tb.MarkEvicted(tb.Get(pg), store(t, m))
+	tb.MarkEvicted(pg, tb.Get(pg), store(t, m))
 	if res.Load() != 0 {
 		t.Fatalf("resident %d after eviction, want 0", res.Load())
 	}
@@ -59,7 +59,7 @@ func TestCloneSharesSlots(t *testing.T) {
 	s := store(t, m)
 	tb.Install(0x1000, Clean, s)
 	tb.Install(0x2000, Written, 0)
-	tb.MarkEvicted(tb.Get(0x2000), store(t, m))
+	tb.MarkEvicted(0x2000, tb.Get(0x2000), store(t, m))
 	c := tb.CloneFor()
 	if res.Load() != 2 {
 		t.Fatalf("resident %d, want 2 (one page in each process)", res.Load())
@@ -102,8 +102,8 @@ func TestWasWrittenPrediction(t *testing.T) {
 	tb := New(&resident, NewSlots(backend.NewMemory()))
 	tb.Install(0x1000, Written, 0)
 	tb.Install(0x2000, Clean, 7)
-	tb.MarkEvicted(tb.Get(0x1000), 5)
-	tb.MarkEvicted(tb.Get(0x2000), 7)
+	tb.MarkEvicted(0x1000, tb.Get(0x1000), 5)
+	tb.MarkEvicted(0x2000, tb.Get(0x2000), 7)
 	if !tb.Get(0x1000).WasWritten || tb.Get(0x2000).WasWritten {
 		t.Fatalf("WasWritten: dirty page %v, clean page %v; want true, false", tb.Get(0x1000).WasWritten, tb.Get(0x2000).WasWritten)
 	}
@@ -121,7 +121,7 @@ func TestWasWrittenPrediction(t *testing.T) {
 	}
 	// Installed writable on the guess, its content changed (sum 12): a write seen.
 	tb.Copied(e, 12)
-	tb.MarkEvicted(e, 5)
+	tb.MarkEvicted(0x1000, e, 5)
 	if !e.WasWritten || e.Sum != 12 {
 		t.Fatalf("a guessed stay that changed the content: WasWritten %v, Sum %d; want true, 12", e.WasWritten, e.Sum)
 	}
@@ -129,7 +129,7 @@ func TestWasWrittenPrediction(t *testing.T) {
 	// next stay must start write-protected, or a page written once is rewritten for ever.
 	e = tb.Install(0x1000, GuessWritten, 5)
 	tb.Copied(e, 12)
-	tb.MarkEvicted(e, 5)
+	tb.MarkEvicted(0x1000, e, 5)
 	if e.WasWritten {
 		t.Fatal("WasWritten set by a guessed stay whose content did not change")
 	}
@@ -138,7 +138,7 @@ func TestWasWrittenPrediction(t *testing.T) {
 	e = tb.Install(0x1000, Clean, 5)
 	e.Dirty = true
 	tb.Copied(e, 12)
-	tb.MarkEvicted(e, 5)
+	tb.MarkEvicted(0x1000, e, 5)
 	if !e.WasWritten {
 		t.Fatal("a write seen did not predict the next")
 	}
@@ -159,7 +159,7 @@ func TestMoveDuringEviction(t *testing.T) {
 	tb.Install(0x1000, Written, 0)
 	tb.Install(0x2000, Written, 0)
 	tb.Get(0x1000).State = Evicting
-	tb.MarkEvicted(tb.Get(0x2000), 0)
+	tb.MarkEvicted(0x2000, tb.Get(0x2000), 0)
 	tb.Move(0x1000, 0x100000, 0x2000)
 	if e := tb.Get(0x100000); e == nil || e.State != Resident || !e.Dirty {
 		t.Fatalf("moved Evicting page: %+v, want Resident and dirty", e)
@@ -184,19 +184,19 @@ func TestStagedCommitAndUnstage(t *testing.T) {
 	tb.Install(0x1000, Written, old) // dirty, with a stale slot
 	tb.Install(0x2000, Written, 0)
 	a, b := tb.Get(0x1000), tb.Get(0x2000)
-	tb.Stage(a, 0)
-	tb.Stage(b, 1)
+	tb.Stage(0x1000, a, 0)
+	tb.Stage(0x2000, b, 1)
 	if res.Load() != 2 || a.State != Staged || a.Stage != 1 || b.Stage != 2 {
 		t.Fatalf("staged: resident %d, %+v %+v; want 2, Staged at 1 and 2", res.Load(), a, b)
 	}
 	if v := tb.Victims(10, nil); len(v) != 0 {
 		t.Fatalf("staged pages chosen again as victims: %x", v)
 	}
-	tb.Unstage(b)
+	tb.Unstage(0x2000, b)
 	if b.State != Resident || b.Stage != 0 || res.Load() != 2 {
 		t.Fatalf("unstaged: %+v resident %d; want Resident, still counted", b, res.Load())
 	}
-	tb.CommitStaged(a, store(t, m))
+	tb.CommitStaged(0x1000, a, store(t, m))
 	if a.State != Evicted || a.InFlight || a.Zapping || a.Stage != 0 || !a.WasWritten || res.Load() != 1 {
 		t.Fatalf("committed: %+v resident %d; want Evicted, no drop expected, written, 1 resident", a, res.Load())
 	}
@@ -217,8 +217,8 @@ func TestStagedDiscardAndRemap(t *testing.T) {
 	tb.Install(0x1000, Written, 0)
 	tb.Install(0x2000, Written, 0)
 	a, b := tb.Get(0x1000), tb.Get(0x2000)
-	tb.Stage(a, 0)
-	tb.Stage(b, 1)
+	tb.Stage(0x1000, a, 0)
+	tb.Stage(0x2000, b, 1)
 	tb.Removed(0x1000, 0x2000, time.Now())
 	if a.State != 0 || tb.Get(0x1000) != nil || res.Load() != 1 {
 		t.Fatalf("discarded staged page: %+v resident %d; want State 0, no entry, 1 resident", a, res.Load())
@@ -227,7 +227,7 @@ func TestStagedDiscardAndRemap(t *testing.T) {
 	if tb.Get(0x100000) != b || b.State != Staged {
 		t.Fatalf("remapped staged page: %+v, want the same entry, still Staged", tb.Get(0x100000))
 	}
-	tb.Unstage(b)
+	tb.Unstage(0x100000, b)
 	if v := tb.Victims(10, nil); len(v) != 1 || v[0] != 0x100000 {
 		t.Fatalf("victims %x, want the remapped page at its new address", v)
 	}
@@ -241,8 +241,8 @@ func TestCloneOfStagedPages(t *testing.T) {
 	s := store(t, m)
 	tb.Install(0x1000, Clean, s) // clean
 	tb.Install(0x2000, Written, store(t, m))
-	tb.Stage(tb.Get(0x1000), 0)
-	tb.Stage(tb.Get(0x2000), 5)
+	tb.Stage(0x1000, tb.Get(0x1000), 0)
+	tb.Stage(0x2000, tb.Get(0x2000), 5)
 	c := tb.CloneFor()
 	if e := c.Get(0x1000); e == nil || e.State != Evicted || e.Slot != s || e.Stage != 0 {
 		t.Fatalf("child's clean staged page: %+v, want Evicted from slot %d", e, s)
@@ -272,13 +272,13 @@ func TestVictimsByBlock(t *testing.T) {
 		tb.Install(p, Written, 0)
 	}
 	tb.Pin(0x6000, 0x7000)
-	tb.MarkEvicted(tb.Get(0xa000), 0) // not resident: never a victim
+	tb.MarkEvicted(0xa000, tb.Get(0xa000), 0) // not resident: never a victim
 	got := tb.Victims(3, nil)
 	if fmt.Sprint(got) != fmt.Sprint([]uint64{0x1000, 0x2000, 0x9000}) {
 		t.Fatalf("victims %x, want [1000 2000 9000]: the oldest alone (its mate a000 is evicted), then the next with one mate, up to 3", got)
 	}
 	for _, p := range got {
-		tb.MarkEvicted(tb.Get(p), 0)
+		tb.MarkEvicted(p, tb.Get(p), 0)
 	}
 	got = tb.Victims(10, nil)
 	if fmt.Sprint(got) != fmt.Sprint([]uint64{0x3000, 0x4000, 0x5000, 0x7000}) {

@@ -50,7 +50,7 @@ func simulateRuns(trace []int, capPages, maxHeat, block int) (faults, runs int) 
 				if k == 0 || victims[k-1]+backend.PageSize != v {
 					runs++
 				}
-				tb.CommitStaged(tb.Get(v), 0)
+				tb.CommitStaged(v, tb.Get(v), 0)
 			}
 		}
 	}
@@ -176,7 +176,7 @@ func TestRefaultedEarnsPasses(t *testing.T) {
 			if len(v) != 1 {
 				t.Fatalf("MaxHeat %d: no victim", maxHeat)
 			}
-			tb.CommitStaged(tb.Get(v[0]), 0)
+			tb.CommitStaged(v[0], tb.Get(v[0]), 0)
 			return v[0]
 		}
 		for p := uint64(hot); p < hot+8*ps; p += ps {

@@ -58,7 +58,7 @@ func Replay(pages func(yield func(uint64) bool), cfg ReplayConfig) ReplayResult 
 				if k == 0 || victims[k-1]+backend.PageSize != v {
 					r.Runs++
 				}
-				tb.CommitStaged(tb.Get(v), 0)
+				tb.CommitStaged(v, tb.Get(v), 0)
 			}
 		}
 	}

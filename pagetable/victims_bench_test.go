@@ -26,7 +26,7 @@ func BenchmarkVictims(b *testing.B) {
 		out = tb.Victims(batch, out)
 		b.StopTimer()
 		for _, p := range out {
-			tb.MarkEvicted(tb.Get(p), 0)
+			tb.MarkEvicted(p, tb.Get(p), 0)
 		}
 		for k := 0; k < len(out); {
 			p := addr(rng.IntN(pages))

@@ -55,7 +55,7 @@ func TestTableGuessesForEveryPageWhenMostStaysWrite(t *testing.T) {
 		if write {
 			e.Dirty = true // as a WP fault records a write on a Clean page
 		}
-		tb.MarkEvicted(e, 0)
+		tb.MarkEvicted(pg, e, 0)
 	}
 	// A whole window of stays that began with a write fault: not counted.
 	for i := range guessWindow {
@@ -79,7 +79,7 @@ func TestTableGuessesForEveryPageWhenMostStaysWrite(t *testing.T) {
 	for i := range guessWindow {
 		e := tb.Install(uint64(i+1)<<12, GuessWritten, 0)
 		tb.Copied(e, e.Sum)
-		tb.MarkEvicted(e, 0)
+		tb.MarkEvicted(uint64(i+1)<<12, e, 0)
 	}
 	if tb.GuessingAll() {
 		t.Fatal("a window of guessed stays that wrote nothing left the guess on")

@@ -46,7 +46,9 @@
 //	                    calls (Syscall)
 //	Process.regMu       the ranges registered; held for the registration ioctl only
 //	PageTable.mu        the process's page table (package pagetable: then Slots.mu), held for
-//	                    in-memory work, and by the fault thread while it installs a page
+//	                    in-memory work, and by the fault thread while it installs a page; it
+//	                    also guards farmem's writes of the process's agent table (pubtable),
+//	                    whose words the agent changes only by compare and swap
 //	PrefetchCache.mu    cache mode's prefetch cache, looked up under the page table's lock
 //	lifelines.mu        farmem's own lifelines (lifelines.go), held while one is made, which
 //	                    looks at the process registry

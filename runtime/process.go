@@ -15,6 +15,7 @@ import (
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/prefetch"
 	"github.com/farmem/farmem/procfs"
+	"github.com/farmem/farmem/pubtable"
 )
 
 // Agent is the connection to a process's agent thread.
@@ -132,8 +133,23 @@ func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, err
 		// A space of its own, which can be mapped into this process and no other (docs/DESIGN.md,
 		// "Where a fault is served"); failing that, its pages go where every process's may.
 		p.space, _ = sp.NewSpace()
+		if p.space != 0 {
+			p.publish(sp)
+		}
 	}
 	return p, nil
+}
+
+// publish has the process's page table keep the words its agent reads (package pubtable). A
+// process without them (no memfd could be made) has its faults served by farmem alone.
+func (p *Process) publish(sp backend.Spaces) {
+	words, err := pubtable.New()
+	if err != nil {
+		return
+	}
+	p.table.Lock()
+	p.table.Publish(words, p.space, sp.Where)
+	p.table.Unlock()
 }
 
 // Hold implements evictor.Target.

@@ -344,7 +344,11 @@ func (rt *Runtime) retire(p *Process) {
 	p.fetch.Stop()
 	p.table.Lock()
 	p.table.Clear()
+	words := p.table.Unpublish()
 	p.table.Unlock()
+	if words != nil {
+		words.Close()
+	}
 	p.fetch.Close()
 	if p.space != 0 {
 		rt.cfg.Backend.(backend.Spaces).EndSpace(p.space) // what a fork child shares stays until it frees it

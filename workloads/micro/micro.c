@@ -58,6 +58,7 @@ int main(int argc, char **argv)
 {
 	size_t mib = 256, passes = 2, stride = 1, stride2 = 0; /* stride2 > 0: strides:stride,stride2 */
 	int random = 0;
+	setvbuf(stdout, NULL, _IOLBF, 0); /* each phase line as it ends, for whoever watches the run */
 	double theta = 0; /* > 0: zipf:theta */
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
