@@ -112,6 +112,17 @@ func (m *Memory) dropIfDone(sp Space, s *space) {
 	}
 }
 
+// SpaceFile returns the memfd space sp's pages are kept in, or -1: the Memory's, for as long as
+// the space lasts.
+func (m *Memory) SpaceFile(sp Space) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.spaces[sp]; s != nil {
+		return s.pages.file
+	}
+	return -1
+}
+
 // Where says where slot s's page is kept: in space sp's memfd at offset off (sp 0: in the part
 // Store uses, which has no file). It says nothing of whether s holds a page.
 func (m *Memory) Where(s Slot) (sp Space, off int64) {

@@ -147,6 +147,7 @@ func (e *Evictor) runBatch(t Target, want int) error {
 // out, marks them Staged at their index in the staging area. False: nothing to take.
 func (b *batch) choose(want int) bool {
 	b.tb.Lock()
+	b.tb.Drain(nil) // the pages the agent installed are resident, and may be victims
 	b.victims = b.tb.Victims(want, b.victims)
 	b.ents = b.ents[:0]
 	for i, p := range b.victims {

@@ -109,6 +109,12 @@ type Fetcher struct {
 	// stopped is set by Stop: the fault thread, which polls only when no fault is queued,
 	// looks at it before each read.
 	stopped atomic.Bool
+	// handover is set by HandOver: the agent is to read the uffd (inprogram.go); in is the
+	// fault thread's once it has switched (fault thread only); installCtl is in's control
+	// page from then on, for every install's lock (copy, zeroPage).
+	handover   atomic.Pointer[inProgram]
+	in         *inProgram
+	installCtl pubCtl
 }
 
 // New makes the fetcher of one process. Start runs it.
@@ -190,6 +196,9 @@ func (f *Fetcher) Stop() {
 func (f *Fetcher) Close() {
 	unix.Close(f.stop)
 	unix.Close(f.room)
+	if in := f.handover.Load(); in != nil {
+		unix.Close(in.sock)
+	}
 }
 
 // Wake tells the fault thread that faults waiting for room, or for a page's drop or prefetch

@@ -257,7 +257,7 @@ func (f *Fetcher) install(w *prefetchWork, buf []byte, n int) {
 		if w.dirt[i] != pagetable.Clean {
 			mode = uffd.CopyDontWake
 		}
-		c, err := uffd.Copy(f.fd, w.addr[i], unsafe.Pointer(&buf[i*ps]), uint64(j-i)*ps, mode)
+		c, err := f.copy(w.addr[i], unsafe.Pointer(&buf[i*ps]), uint64(j-i)*ps, mode)
 		k := i + int(max(c, 0)/ps)
 		f.stats.PrefetchInstalled.Add(int64(k - i))
 		for ; i < k; i++ {

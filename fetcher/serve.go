@@ -74,6 +74,12 @@ func (f *Fetcher) serve() {
 		if f.stopped.Load() {
 			return
 		}
+		if fd := f.takeOver(); fd >= 0 {
+			pfd[0].Fd = int32(fd)
+		}
+		if f.in != nil && f.in.closed {
+			pfd[0].Fd = -1
+		}
 		// Read first, poll only when nothing is queued. The install that served the last fault
 		// woke the program, which on this CPU ran inside the ioctl until its next fault: that
 		// fault is usually queued by the time the ioctl returns, and the read takes it at once.
@@ -84,6 +90,7 @@ func (f *Fetcher) serve() {
 			f.host.Fail(fmt.Errorf("read uffd: %w", err))
 			return
 		}
+		f.topUp()
 		if err == unix.EAGAIN || n == 0 {
 			// Pending faults wait for one of three things, each of which wakes this poll: an
 			// unread event (it is on the uffd), the evictor making room or finishing a drop (it
@@ -154,15 +161,30 @@ func (f *Fetcher) serve() {
 // read until every event of it is applied (the prefetch worker installs under that lock too),
 // and the faults come after. An UNMAP or REMAP read before a FORK took effect before the fork
 // (the kernel raises them once the change is made), so they are applied before the clone.
+//
+// Once the agent reads the uffd (inprogram.go), the messages are those it sent on, and what it
+// installed before it sent them is read first; the events applied are counted on the control
+// page, which lets the agent serve faults again.
 func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 	f.table.LockForFault()
-	n, err := uffd.ReadMsgs(f.fd, msgs)
+	var n int
+	var err error
+	if f.in != nil {
+		n, err = f.in.recv(msgs)
+		f.table.Drain(f.in.faulted)
+	} else {
+		n, err = uffd.ReadMsgs(f.fd, msgs)
+	}
 	if err != nil || n == 0 {
 		f.table.Unlock()
 		return n, err
 	}
 	var forks []*pagetable.PageTable // the FORK events' tables, in their order
+	events := 0
 	for i := range msgs[:n] {
+		if msgs[i].Event() != uffd.EventPagefault {
+			events++
+		}
 		m := &msgs[i]
 		switch m.Event() {
 		case uffd.EventRemove:
@@ -177,6 +199,9 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 		case uffd.EventFork:
 			forks = append(forks, f.table.CloneFor())
 		}
+	}
+	if f.in != nil && events > 0 {
+		f.in.ctl.Applied(events)
 	}
 	f.table.Unlock()
 	// What the events tell the rest of the run waits on nothing of the program's (Forked
@@ -336,7 +361,7 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 // process's table. Anything but an install would leave the read, and the batch that retire
 // waits for, stuck for ever.
 func (f *Fetcher) endFarmemRead(pg uint64) outcome {
-	_, err := uffd.ZeroPage(f.fd, pg, ps, 0)
+	_, err := f.zeroPage(pg, ps, 0)
 	switch err {
 	case nil, unix.EEXIST, unix.ENOENT, unix.ESRCH:
 		return served
@@ -358,9 +383,11 @@ func (f *Fetcher) endFarmemRead(pg uint64) outcome {
 // discard or move it are applied by this thread only, after. So e is still pg's evicted entry
 // when the lock is taken again, and the caller records the install as it would have under it.
 func (f *Fetcher) installUnlocked(e *pagetable.Entry, pg uint64, src unsafe.Pointer, mode uint64) (int64, error) {
-	f.table.Fetch(pg, e)
+	if !f.table.Fetch(pg, e) {
+		return 0, unix.EEXIST // the agent installed it meanwhile
+	}
 	f.table.Unlock()
-	n, err := uffd.Copy(f.fd, pg, src, ps, mode)
+	n, err := f.copy(pg, src, ps, mode)
 	f.table.LockForFault()
 	f.table.Fetched(pg, e)
 	return n, err
@@ -373,7 +400,9 @@ func (f *Fetcher) installUnlocked(e *pagetable.Entry, pg uint64, src unsafe.Poin
 // again from scratch.
 func (f *Fetcher) readEvicted(pg uint64, e *pagetable.Entry, buf []byte) (same bool, err error) {
 	slot := e.Slot
-	f.table.Fetch(pg, e)
+	if !f.table.Fetch(pg, e) {
+		return false, nil // the agent installed it meanwhile
+	}
 	f.table.Unlock()
 	err = f.fetchPage(slot, buf)
 	f.table.LockForFault()
@@ -394,10 +423,10 @@ func (f *Fetcher) zeroFill(pg uint64, write bool) outcome {
 		var n int64
 		var err error
 		if write {
-			n, err = uffd.Copy(f.fd, pg, unsafe.Pointer(&zeros[0]), k*ps, 0)
+			n, err = f.copy(pg, unsafe.Pointer(&zeros[0]), k*ps, 0)
 			f.clock.installed(IoctlCopy)
 		} else {
-			n, err = uffd.ZeroPage(f.fd, pg, k*ps, 0)
+			n, err = f.zeroPage(pg, k*ps, 0)
 			f.clock.installed(IoctlZeroPage)
 		}
 		f.clock.pages = int(max(n, 0) / ps)
@@ -548,7 +577,7 @@ func (f *Fetcher) fromStaging(pg uint64, e *pagetable.Entry, buf []byte) outcome
 		f.host.Fail(fmt.Errorf("page %#x: its copy in the staging area is gone", pg))
 		return served
 	}
-	n, err := uffd.Copy(f.fd, pg, unsafe.Pointer(&buf[0]), ps, 0)
+	n, err := f.copy(pg, unsafe.Pointer(&buf[0]), ps, 0)
 	f.clock.installed(IoctlCopy)
 	if n == ps {
 		f.stats.FromStaging.Add(1)

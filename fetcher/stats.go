@@ -51,6 +51,9 @@ type Stats struct {
 	// Vanished: adopted pages found absent, which the kernel dropped at the program's request
 	// (pagetable.Adopt), served as zeros.
 	Vanished atomic.Int64
+	// InProgram: faults the processes' agents served themselves, from the store (inprogram.go),
+	// as their posts were read; farmem measures no time for them.
+	InProgram atomic.Int64
 	// Prefetching: pages queued for the workers, installed by them, and used by the program
 	// (map mode: inferred from where the next miss landed; cache mode: faults that hit).
 	PrefetchIssued, PrefetchInstalled, PrefetchUsed atomic.Int64

@@ -260,6 +260,39 @@ func (a *agentConn) Close() error {
 	return unix.Close(fd)
 }
 
+// ServeFaults implements runtime.Agent: the agent maps the process's table of words (table,
+// pubtable's memfd) and starts its fault thread, which reads the store space through store and
+// sends what it does not serve on sock; the thread waits on sock for farmem's word to begin
+// (agent.h, fault_thread). The descriptors stay the caller's.
+func (a *agentConn) ServeFaults(table, store, sock int) (tid int, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.fd < 0 {
+		return 0, evictor.ErrGone
+	}
+	var b [msgSize]byte
+	(&msg{Type: msgFaults, Version: protoVersion}).encode(b[:])
+	rights := unix.UnixRights(table, store, sock)
+	if err := retryEINTR(func() error { return unix.Sendmsg(a.fd, b[:], rights, nil, 0) }); err != nil {
+		return 0, evictor.ErrGone
+	}
+	var got int
+	if err := retryEINTR(func() (err error) { got, _, _, _, err = unix.Recvmsg(a.fd, a.buf[:], nil, 0); return err }); err != nil || got == 0 {
+		return 0, evictor.ErrGone
+	}
+	m, err := decode(a.buf[:got])
+	if err != nil {
+		return 0, evictor.ErrGone
+	}
+	if m.Type != msgFaultsOK {
+		return 0, fmt.Errorf("agent answered message type %d to a fault-serving request", m.Type)
+	}
+	if m.A != 0 {
+		return 0, unix.Errno(m.A)
+	}
+	return int(m.B), nil
+}
+
 // Detach implements runtime.Agent: the agent undoes what it holds in its process (agent.h,
 // detach_agent) and ends its thread.
 func (a *agentConn) Detach() error {

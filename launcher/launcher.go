@@ -47,6 +47,8 @@ type Options struct {
 	EvictHeat uint8
 	// LastStayGuess is the page tables' LastStayGuess (--write-guess last).
 	LastStayGuess bool
+	// FaultsInProgram is runtime.Config's (--serve-faults program).
+	FaultsInProgram bool
 	// PrefetchCachePages > 0 puts the prefetcher in cache mode with a cache of that many pages;
 	// 0 is map mode.
 	PrefetchCachePages int
@@ -260,7 +262,7 @@ func serve(rt *runtime.Runtime, o Options, ln *net.UnixListener, agents *staticA
 // newRuntime makes the runtime of a run or an attach from its options (noFilter:
 // runtime.Config.NoFilter; images: runtime.Config.Images, nil for none).
 func newRuntime(o Options, say *announcer, noFilter bool, images runtime.ImageServer) (*runtime.Runtime, error) {
-	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat, LastStayGuess: o.LastStayGuess,
+	cfg := runtime.Config{CapPages: o.LocalMem / runtime.PageSize, Backend: o.Backend, MaxHeat: o.EvictHeat, LastStayGuess: o.LastStayGuess, FaultsInProgram: o.FaultsInProgram,
 		Record: o.Trace, Tracing: o.Tracing, EvictTrace: o.EvictTrace, NoFilter: noFilter, Images: images,
 		// Said from a goroutine of its own: stderr may be slow to take it, and the RSS poll
 		// that armed the run must not wait on it.
@@ -455,10 +457,12 @@ func handleConn(c *conn, rt *runtime.Runtime, agents *staticAgents) {
 			p.Table().Pin(m.B, m.B+m.C)
 			p.Table().Unlock()
 		}
-		p.SetAgent(a, int(m.A)) // installs the mapping filter if the run is armed
-		agents.attached(p, a)   // a static program's filter goes in now, armed or not
-		a.Ready()               // a failure is the agent's death, which the evictor meets next
-		return                  // the evictor drives this connection from now on
+		p.SetAgent(a, int(m.A))     // installs the mapping filter if the run is armed
+		if !agents.attached(p, a) { // a static program's filter goes in now, armed or not
+			p.ServeInProgram(a) // if the run has faults served there
+		}
+		a.Ready() // a failure is the agent's death, which the evictor meets next
+		return    // the evictor drives this connection from now on
 	case msgHello:
 	default:
 		c.c.Close()

@@ -34,8 +34,10 @@ const (
 	msgDetachOK    = 18
 	msgUffdDev     = 19
 	msgUffdDevOK   = 20
+	msgFaults      = 21
+	msgFaultsOK    = 22
 
-	protoVersion = 6
+	protoVersion = 7
 	msgSize      = 40
 	maxRuns      = 128
 	maxMovePages = 256 // pages one MOVE message may cover (shim.c's status buffer)

@@ -77,20 +77,28 @@ func (s *staticAgents) forget(pid int) {
 }
 
 // attached is called with each process whose agent said hello: a static program's gets its
-// filter, with its forks guarded, before its launcher lets it run.
-func (s *staticAgents) attached(p *runtime.Process, a *agentConn) {
+// filter, with its forks guarded, and then its faults served in it (runtime.ServeInProgram),
+// before its launcher lets it run. It reports whether p was such a process.
+func (s *staticAgents) attached(p *runtime.Process, a *agentConn) bool {
 	s.mu.Lock()
 	c, watch := s.waiting[p.Pid()], s.watched[p.Pid()]
 	delete(s.waiting, p.Pid())
 	delete(s.watched, p.Pid())
 	s.mu.Unlock()
 	if c == nil {
-		return
+		return false
 	}
 	if watch && s.rt != nil {
 		watchAgent(s.rt, p, a)
 	}
-	c <- p.InstallFilter()
+	err := p.InstallFilter()
+	if err == nil {
+		// Only an agent that stays: one whose filter could not go in is taken out again, its
+		// memory unmapped, where a fault thread would still run.
+		p.ServeInProgram(a)
+	}
+	c <- err
+	return true
 }
 
 // watchAgent tells the runtime when p's agent connection ends (ControlEnded): the agent thread

@@ -53,6 +53,10 @@ type Summary struct {
 	// FromStaging: pages served from a staging area: victims of a batch in flight touched
 	// again once moved, and pages fork children read from a staging area of their parent's.
 	FromStaging int64 `json:"from_staging"`
+	// InProgram: faults served in the program, by the thread farmem starts there
+	// (--serve-faults program), each a page read back from the embedded store; not in Faults,
+	// nor in BytesIn.
+	InProgram int64 `json:"in_program"`
 	// AdoptedVanished: pages adopted (present before they were registered) that the kernel
 	// later dropped at the program's request, served as zeros (pagetable.Adopt).
 	AdoptedVanished int64     `json:"adopted_vanished"`
@@ -171,7 +175,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		Program: o.Argv, ExitStatus: status, CapBytes: o.LocalMem, Armed: rt.Armed(),
 		ArmedAtBytes: s.ArmedAtPages.Load() * runtime.PageSize, ArmWatched: rt.ArmWatched(),
 		ArmThresholdBytes: max(rt.ArmPages(), 0) * runtime.PageSize, Faults: map[string]Histogram{}, Held: map[string]Histogram{},
-		ZeroFills: s.ZeroFills.Load(), ZeroFillPages: s.ZeroPages.Load(), FromStaging: s.FromStaging.Load(), AdoptedVanished: s.Vanished.Load(),
+		ZeroFills: s.ZeroFills.Load(), ZeroFillPages: s.ZeroPages.Load(), FromStaging: s.FromStaging.Load(), InProgram: s.InProgram.Load(), AdoptedVanished: s.Vanished.Load(),
 		Removes: s.Removes.Load(),
 		Evicted: Evicted{Written: e.Written.Load(), DroppedClean: e.Dropped.Load(), Zero: e.Zero.Load(), Absent: e.Absent.Load()},
 		Batches: Batches{Count: e.Batches.Load(), Runs: e.Runs.Load(), Staged: e.Staged.Load(), Removes: e.Removes.Load(),
@@ -297,11 +301,14 @@ func summaryLines(s *Summary) []string {
 	}
 
 	// Pages in and out, one count each.
-	inPages, outPages := s.BytesIn/runtime.PageSize, s.Evicted.Written+s.Evicted.DroppedClean+s.Evicted.Zero
+	inPages, outPages := s.BytesIn/runtime.PageSize+s.InProgram, s.Evicted.Written+s.Evicted.DroppedClean+s.Evicted.Zero
 	if inPages == 0 && outPages == 0 {
 		line("no page had to go out: %s fit in its cap", name)
 	} else {
-		back := size(s.BytesIn)
+		back := size(inPages * runtime.PageSize)
+		if s.InProgram > 0 {
+			back += fmt.Sprintf(", %s of them by faults served in the program", count(s.InProgram))
+		}
 		if s.Prefetch != nil && s.Prefetch.Placed > 0 {
 			back += fmt.Sprintf(", %s of them prefetched", count(s.Prefetch.Placed))
 		}
@@ -340,7 +347,14 @@ func summaryLines(s *Summary) []string {
 				parts = append(parts, count(int64(h.Count))+" "+k.what)
 			}
 		}
-		line("faults cost the program %s: %s", duration(cost), strings.Join(parts, ", "))
+		what := "faults"
+		if s.InProgram > 0 {
+			what = "the faults farmem served"
+		}
+		line("%s cost the program %s: %s", what, duration(cost), strings.Join(parts, ", "))
+	}
+	if s.InProgram > 0 {
+		line("%s faults were served in the program, by farmem's thread there, from the store (not timed)", count(s.InProgram))
 	}
 	var held uint64
 	var heldNs int64

@@ -71,6 +71,9 @@ func Word(k Kind, off int64) uint64 { return uint64(off) | uint64(k) }
 // KindOf returns w's kind.
 func KindOf(w uint64) Kind { return Kind(w & kindMask) }
 
+// IsClaimed reports whether page's word is Claimed.
+func (t *Table) IsClaimed(page uint64) bool { return KindOf(t.Load(page)) == Claimed }
+
 // Offset returns the store space offset of a Published word.
 func Offset(w uint64) int64 { return int64(w &^ (1<<pageShift - 1)) }
 
@@ -78,6 +81,7 @@ func Offset(w uint64) int64 { return int64(w &^ (1<<pageShift - 1)) }
 type Table struct {
 	fd     int
 	chunks map[uint64][]uint64 // address>>chunkShift -> the chunk's words, mapped on first use
+	ctl    *Ctl
 }
 
 // New makes an empty table: every word None.
@@ -86,7 +90,7 @@ func New() (*Table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pubtable: %w", err)
 	}
-	if err := unix.Ftruncate(fd, Size); err != nil {
+	if err := unix.Ftruncate(fd, FileSize); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("pubtable: sizing the table: %w", err)
 	}
@@ -95,8 +99,15 @@ func New() (*Table, error) {
 		t.Close()
 		return nil, fmt.Errorf("pubtable: mapping the table: no room in farmem's address space")
 	}
+	if t.ctl, err = mapCtl(fd); err != nil {
+		t.Close()
+		return nil, err
+	}
 	return t, nil
 }
+
+// Ctl returns the control page and the posts.
+func (t *Table) Ctl() *Ctl { return t.ctl }
 
 // FD is the table's memfd, for the agent to map.
 func (t *Table) FD() int { return t.fd }
@@ -171,6 +182,10 @@ func (t *Table) Close() {
 	for c, words := range t.chunks {
 		unix.Munmap(unsafe.Slice((*byte)(unsafe.Pointer(&words[0])), chunkWords*8))
 		delete(t.chunks, c)
+	}
+	if t.ctl != nil {
+		t.ctl.close()
+		t.ctl = nil
 	}
 	if t.fd >= 0 {
 		unix.Close(t.fd)

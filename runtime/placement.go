@@ -42,6 +42,9 @@ import (
 // program's affinity again (quiet, called from the fault thread's loop through Process.Idle);
 // if the program faults again, the next check holds anew.
 //
+// Where the agent serves the process's faults (ServeInProgram), its fault thread is the one that
+// follows, and the faults it served count as farmem's own do (fetcher's topUp).
+//
 // The shim's agent thread goes to the same CPU. It is ours, not the program's: it only runs
 // evictions, and a drop it makes blocks in the kernel until the fault thread reads the REMOVE
 // event it raised, a round trip between the two threads that is a direct switch on one CPU.
@@ -65,6 +68,10 @@ type placement struct {
 	// child or a new image may have inherited from us. Read by other goroutines (Attach).
 	used  atomic.Uint64
 	stats *Stats // the run's: HeldThreadsMax, BusyReleases; nil in a placement of no run
+	// server is the thread that serves the process's faults where it is not farmem's fault
+	// thread: the agent's fault thread (ServeInProgram); 0: the fault thread, which calls fault.
+	// It is what moves to the faulting thread's CPU. Set once, by ServeInProgram.
+	server atomic.Int32
 }
 
 const checkEvery = 512
@@ -121,7 +128,7 @@ func (pl *placement) fault(pid, tid int, agent int32) {
 		if cpu != pl.cpu {
 			var set unix.CPUSet
 			set.Set(cpu)
-			if unix.SchedSetaffinity(0, &set) != nil {
+			if unix.SchedSetaffinity(int(pl.server.Load()), &set) != nil {
 				return
 			}
 			pl.cpu, pl.agent = cpu, 0

@@ -33,6 +33,10 @@ type Agent interface {
 	// Syscall has the agent make a system call in its process; the raw result is -errno on
 	// failure.
 	Syscall(nr uint64, args [6]uint64) (int64, error)
+	// ServeFaults has the agent start its fault thread (inprogram.go) on the process's table of
+	// words, a read-only descriptor of its store space and its end of the socket it sends on;
+	// it returns the thread's id.
+	ServeFaults(table, store, sock int) (tid int, err error)
 	Close() error
 }
 
@@ -148,7 +152,7 @@ func (p *Process) publish(sp backend.Spaces) {
 		return
 	}
 	p.table.Lock()
-	p.table.Publish(words, p.space, sp.Where)
+	p.table.Publish(words, p.space, sp.Where, p.Fail, &p.rt.Stats.InProgram)
 	p.table.Unlock()
 }
 

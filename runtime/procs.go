@@ -343,8 +343,8 @@ func (rt *Runtime) retire(p *Process) {
 	p.retired = true
 	p.fetch.Stop()
 	p.table.Lock()
+	words := p.table.Unpublish() // first: a word the dead agent left claimed is not waited for
 	p.table.Clear()
-	words := p.table.Unpublish()
 	p.table.Unlock()
 	if words != nil {
 		words.Close()

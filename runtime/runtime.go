@@ -37,6 +37,9 @@ type Config struct {
 	// LastStayGuess is each page table's LastStayGuess: pages read back are installed writable
 	// only on their own last stay's word.
 	LastStayGuess bool
+	// FaultsInProgram: each process's agent serves the faults it can from the process's store
+	// space, and sends farmem the rest (ServeInProgram). Only with a Backend that keeps spaces.
+	FaultsInProgram bool
 	// NewPrefetcher makes each process's prefetcher (a fork child gets a fresh one); nil: no
 	// prefetching.
 	NewPrefetcher func() prefetch.Prefetcher

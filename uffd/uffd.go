@@ -478,3 +478,8 @@ func (m Msg) String() string {
 	}
 	return fmt.Sprintf("event%#x{%#x %#x %#x}", m.event, m.arg[0], m.arg[1], m.arg[2])
 }
+
+// SetForkUFD sets arg.fork.ufd of an EventFork message: the descriptor number the new userfaultfd
+// has in the reading process (a message read by another process and passed on with the
+// descriptor itself).
+func (m *Msg) SetForkUFD(fd int) { *(*uint32)(unsafe.Pointer(&m.arg[0])) = uint32(fd) }

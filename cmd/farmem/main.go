@@ -159,6 +159,7 @@ func runCommand() *cli.Command {
 			caFlag(),
 			&cli.IntFlag{Name: "evict-heat", Value: pagetable.DefaultMaxHeat, Usage: "how many extra rounds of the eviction queue a page may earn by coming back soon after each\n\teviction (0 to 15; 0: plain first-in first-out). farmem sees no access bits, only faults: a page\n\tfaulted back within a round of its eviction was in use, and is passed over once more for each\n\tsuch return in a row"},
 			writeGuessFlag(),
+			&cli.StringFlag{Name: "serve-faults", Value: "farmem", Usage: "where the faults on evicted pages are served: farmem (its fault thread, in its own process),\n\tor program (experimental: a thread farmem starts in each process serves the re-faults that\n\tfollow no trend from the embedded store, with no switch to farmem and back, and sends farmem\n\tthe rest; uncompressed embedded store only; a fork child has been seen to hang at its own fork)"},
 			&cli.BoolFlag{Name: "quiet", Usage: "no summary on stderr at exit"},
 			&cli.StringFlag{Name: "summary-json", TakesFile: true, Usage: "at exit, write the whole summary to FILE as one JSON object, in raw numbers (bytes, pages,\n\tnanoseconds, histograms' buckets; its fields are in the README), --quiet or not"},
 			// Hidden: enter a dynamic program by injection, as a static one is, instead of preloading
@@ -248,6 +249,13 @@ func runAction(c *cli.Context) error {
 	paging, codec, err := pagingOptions(c, capBytes)
 	if err != nil {
 		return err
+	}
+	switch c.String("serve-faults") {
+	case "farmem":
+	case "program":
+		paging.FaultsInProgram = true
+	default:
+		return usagef("--serve-faults %q: give farmem or program", c.String("serve-faults"))
 	}
 	if err := checkRemoteFlags(c); err != nil {
 		return err

@@ -60,7 +60,10 @@ enum {
 	MSG_DETACH_OK = 18,   /* agent->rt: done; the thread exits right after */
 	MSG_UFFD_DEV = 19,    /* shim->rt, before HELLO: send a /dev/userfaultfd descriptor (new_uffd) */
 	MSG_UFFD_DEV_OK = 20, /* rt->shim: a=status (0 ok, else errno); the descriptor attached */
-	PROTO_VERSION = 6,
+	MSG_FAULTS = 21,      /* rt->agent: serve faults (fault_thread); the table's memfd, the store
+			       * space (read-only) and the socket to send the rest on attached */
+	MSG_FAULTS_OK = 22,   /* agent->rt: a=status (0 ok, else errno) b=the fault thread's id */
+	PROTO_VERSION = 7,
 	MAX_RUNS = 128,
 	MAX_MOVE_PAGES = 256,
 };
@@ -161,6 +164,28 @@ static long recv_msg(int s, void *buf, size_t len, int *fd)
 		*fd = -1;
 		struct cmsghdr *c = mh.msg_controllen ? CMSG_FIRSTHDR(&mh) : NULL;
 		if (r > 0 && c && c->cmsg_type == SCM_RIGHTS) memcpy(fd, CMSG_DATA(c), sizeof(int));
+	}
+	return r;
+}
+
+/* recv_msg_fds is recv_msg taking up to max descriptors into fds; it returns their count in *nfds. */
+static long recv_msg_fds(int s, void *buf, size_t len, int *fds, int max, int *nfds)
+{
+	struct iovec iov = { buf, len };
+	char cbuf[CMSG_SPACE(4 * sizeof(int))];
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf };
+	long r;
+	do r = raw6(SYS_recvmsg, s, (long)&mh, MSG_CMSG_CLOEXEC, 0, 0, 0); while (r == -EINTR);
+	*nfds = 0;
+	struct cmsghdr *c = r > 0 && mh.msg_controllen ? CMSG_FIRSTHDR(&mh) : NULL;
+	if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+		int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int)), got[4];
+		if (n > 4) n = 4;
+		memcpy(got, CMSG_DATA(c), n * sizeof(int));
+		for (int i = 0; i < n; i++) {
+			if (*nfds < max) fds[(*nfds)++] = got[i];
+			else raw6(SYS_close, got[i], 0, 0, 0, 0, 0);
+		}
 	}
 	return r;
 }
@@ -329,6 +354,7 @@ static long register_on_own_uffd(uint64_t addr, uint64_t len, uint64_t mode)
  * the two processes saved per batch), and a fork child does not inherit its registration
  * (stage_ufd has no EVENT_FORK). Nobody reads stage_ufd: nothing ever faults in the area. */
 static int stage_ufd = -1;
+static int fault_store = -1, fault_sock = -1; /* the fault thread's (below); a fork child closes its parent's */
 static uint64_t stage_addr, stage_len; /* for detach_agent */
 static uint64_t make_staging(uint64_t bytes, uint64_t *err)
 {
@@ -610,6 +636,8 @@ static void fork_child_hello(const char *sock)
 	close_fd(&ufd);
 	close_fd(&lifeline);
 	close_fd(&stage_ufd);
+	close_fd(&fault_store);
+	close_fd(&fault_sock);
 	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
 	drop_pidfd = -1;
 	uint64_t features = 0;
@@ -649,6 +677,214 @@ static void detach_agent(void)
 	close_fd(&ctl);
 }
 
+/* ---- the fault thread: faults served in the program (docs/DESIGN.md, "Where a fault is served")
+ *
+ * On farmem's MSG_FAULTS the agent starts a second thread, which reads the program's uffd in
+ * farmem's place. A missing fault on a page whose word (package pubtable) is Published, with room
+ * left, it serves itself: it claims the word, reads the page from the process's store space
+ * (pread: no mapping of the store, so no fault of its own on a page farmem wrote there since),
+ * installs it with UFFDIO_COPY, and posts what it did for farmem to read (fetcher/inprogram.go).
+ * Every other message goes to farmem on the socket, as the kernel gave it: the events first, in
+ * their order, then the faults (a FORK event's new uffd goes along, and the thread closes its
+ * copy). It serves nothing while an event it read is not applied by farmem (the control page's
+ * counts), and holds the control page's lock across each read of the uffd, which farmem holds
+ * across each install of its own: fetcher/inprogram.go says why.
+ *
+ * Once it reads the uffd the thread touches no memory of the program's that could be evicted:
+ * the uffd is read by no one while it waits on such a page. Its stack (a shared mapping, which
+ * farmem never registers) holds its state and the page it copies from; the table, the control
+ * page and the posts are the memfd farmem sent. */
+#define FM_TABLE_LIMIT (1ULL << 47)        /* pubtable.Limit */
+#define FM_TABLE_BYTES ((FM_TABLE_LIMIT >> 12) * 8)
+#define FM_POSTS 4096                      /* pubtable.Posts */
+#define FM_TABLE_FILE (FM_TABLE_BYTES + 4096 + FM_POSTS * sizeof(struct fm_post))
+#define FM_FAULT_STACK (64 << 10)
+enum { W_NONE, W_PUBLISHED, W_CLEAN, W_FARMEM, W_CLAIMED };
+#define W_KIND 7ULL
+#define W_GUESS_WRITABLE 8ULL /* pubtable.GuessWritable */
+#define W_OFFSET (~4095ULL)
+/* The control page (pubtable's ctl* words). */
+struct fm_ctl { uint64_t lock, events_read, events_applied, room, post_head, post_tail, served, forwarded; };
+struct fm_post { uint64_t page_dirt, word, tid, unused; }; /* tid: the thread whose fault it was */
+#define FM_TREND 8
+struct fault_ctx {
+	int ufd, sock, store;
+	uint64_t *words;
+	struct fm_ctl *ctl;
+	struct fm_post *posts;
+	/* The last fault's page and the last FM_TREND strides between faults (trend). */
+	uint64_t last;
+	int64_t strides[FM_TREND];
+	unsigned nstrides;
+};
+static struct fault_ctx fault_start; /* the fault thread's, copied to its stack as it starts */
+static long clone_thread(uint64_t stack_top, void (*fn)(void));
+
+/* fault_lock takes the control page's lock, which farmem holds across one install at most. */
+static void fault_lock(struct fm_ctl *c)
+{
+	for (int i = 0;; i++) {
+		uint64_t free = 0;
+		if (__atomic_compare_exchange_n(&c->lock, &free, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+		if (i < 16) {
+			__builtin_ia32_pause();
+		} else if (i < 64) {
+			raw6(SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+		} else {
+			struct timespec ts = { 0, 20000 };
+			raw6(SYS_nanosleep, (long)&ts, 0, 0, 0, 0, 0);
+		}
+	}
+}
+
+static void fault_unlock(struct fm_ctl *c) { __atomic_store_n(&c->lock, 0, __ATOMIC_RELEASE); }
+
+/* forward sends farmem message m, with descriptor fd if it is not negative. */
+static void forward(struct fault_ctx *c, const struct uffd_msg *m, int fd)
+{
+	if (send_msg(c->sock, m, sizeof *m, fd) < 0) die_runtime_lost();
+}
+
+/* trend notes the fault at page and reports whether it continues a trend: its stride from the
+ * last fault is one of the last FM_TREND strides (a scan, a stride, two interleaved scans). Such
+ * faults go to farmem, whose prefetcher (Leap's majority trend) brings the pages that follow in
+ * before they are touched, which only pays where it sees the faults; the others, with no trend a
+ * prefetch could follow, are served here. */
+static int trend(struct fault_ctx *c, uint64_t page)
+{
+	int64_t stride = (int64_t)(page - c->last) / (int64_t)FM_PAGE;
+	int seen = 0;
+	for (unsigned i = 0; i < FM_TREND && i < c->nstrides; i++) seen += c->strides[i] == stride;
+	c->strides[c->nstrides++ % FM_TREND] = stride;
+	c->last = page;
+	return seen > 0 && stride != 0;
+}
+
+/* serve_fault serves page fault m if its page's word lets the agent: 1 if it did, else 0 (the
+ * caller sends it to farmem). page is the thread's buffer. */
+static int serve_fault(struct fault_ctx *c, const struct uffd_msg *m, char *page)
+{
+	uint64_t flags = m->arg.pagefault.flags, addr = m->arg.pagefault.address & W_OFFSET;
+	if (flags & UFFD_PAGEFAULT_FLAG_WP) return 0;
+	if (addr == 0 || addr >= FM_TABLE_LIMIT || __atomic_load_n(&c->words[0], __ATOMIC_ACQUIRE)) return 0;
+	if (__atomic_load_n(&c->ctl->events_read, __ATOMIC_ACQUIRE) != __atomic_load_n(&c->ctl->events_applied, __ATOMIC_ACQUIRE))
+		return 0;
+	if (c->ctl->post_tail - __atomic_load_n(&c->ctl->post_head, __ATOMIC_ACQUIRE) >= FM_POSTS) return 0;
+	uint64_t *wp = &c->words[addr >> 12];
+	uint64_t w = __atomic_load_n(wp, __ATOMIC_ACQUIRE);
+	if ((w & W_KIND) != W_PUBLISHED) return 0;
+	uint64_t room = __atomic_load_n(&c->ctl->room, __ATOMIC_ACQUIRE);
+	do {
+		if (room == 0) {
+			/* farmem serves it: the word is farmem's from now on. */
+			__atomic_compare_exchange_n(wp, &w, W_FARMEM, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+			return 0;
+		}
+	} while (!__atomic_compare_exchange_n(&c->ctl->room, &room, room - 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+	if (!__atomic_compare_exchange_n(wp, &w, W_CLAIMED, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+		__atomic_add_fetch(&c->ctl->room, 1, __ATOMIC_RELEASE);
+		return 0;
+	}
+	long got = raw6(SYS_pread64, c->store, (long)page, FM_PAGE, (long)(w & W_OFFSET), 0, 0);
+	uint64_t dirt = (flags & UFFD_PAGEFAULT_FLAG_WRITE) ? 1 : (w & W_GUESS_WRITABLE) ? 2 : 0;
+	if (got == (long)FM_PAGE) {
+		struct uffdio_copy cp = { .dst = addr, .src = (uint64_t)page, .len = FM_PAGE,
+					  .mode = dirt ? 0 : UFFDIO_COPY_MODE_WP };
+		long r = raw6(SYS_ioctl, c->ufd, UFFDIO_COPY, (long)&cp, 0, 0, 0);
+		if (r == 0 && cp.copy == (int64_t)FM_PAGE) {
+			uint64_t t = c->ctl->post_tail;
+			c->posts[t % FM_POSTS] = (struct fm_post){ addr | dirt, w, m->arg.pagefault.feat.ptid, 0 };
+			__atomic_store_n(&c->ctl->post_tail, t + 1, __ATOMIC_RELEASE);
+			__atomic_add_fetch(&c->ctl->served, 1, __ATOMIC_RELAXED);
+			return 1;
+		}
+	}
+	/* Not installed (an event not read yet, the page there already...): farmem sees to it, and
+	 * the word is as farmem left it. */
+	__atomic_store_n(wp, w, __ATOMIC_RELEASE);
+	__atomic_add_fetch(&c->ctl->room, 1, __ATOMIC_RELEASE);
+	return 0;
+}
+
+__attribute__((noreturn)) static void fault_thread(void)
+{
+	struct fault_ctx c = fault_start;
+	char go = 0, page[FM_PAGE] __attribute__((aligned(64)));
+	long r;
+	do r = raw6(SYS_read, c.sock, (long)&go, 1, 0, 0, 0); while (r == -EINTR);
+	if (r != 1 || go != 'g') for (;;) raw6(SYS_exit, 0, 0, 0, 0, 0, 0); /* farmem went on without it */
+	struct uffd_msg msgs[16];
+	struct pollfd { int fd; short events, revents; } pfd[2] = { { c.ufd, 1, 0 }, { c.sock, 1, 0 } }; /* POLLIN */
+	for (;;) {
+		/* Read first, poll only when nothing is queued: the install that served the last
+		 * fault woke its thread, which on this CPU ran until its next fault, usually queued
+		 * by now (fetcher's serve reads the same way). */
+		fault_lock(c.ctl);
+		r = raw6(SYS_read, c.ufd, (long)msgs, sizeof msgs, 0, 0, 0);
+		uint64_t events = 0;
+		for (long i = 0; r > 0 && i < r / (long)sizeof msgs[0]; i++) events += msgs[i].event != UFFD_EVENT_PAGEFAULT;
+		if (events) __atomic_add_fetch(&c.ctl->events_read, events, __ATOMIC_RELEASE);
+		fault_unlock(c.ctl);
+		if (r == -EAGAIN || r == -EINTR) {
+			pfd[0].revents = pfd[1].revents = 0;
+			if (raw6(SYS_poll, (long)pfd, 2, -1, 0, 0, 0) > 0 && pfd[1].revents) {
+				/* farmem says nothing on the socket: it closed it, or died. */
+				say("the farmem runtime closed the fault socket");
+				die_runtime_lost();
+			}
+			continue;
+		}
+		if (r <= 0) {
+			say("reading the userfaultfd failed");
+			die_runtime_lost();
+		}
+		long n = r / (long)sizeof msgs[0];
+		for (long i = 0; i < n; i++) {
+			if (msgs[i].event == UFFD_EVENT_PAGEFAULT) continue;
+			int fd = msgs[i].event == UFFD_EVENT_FORK ? (int)msgs[i].arg.fork.ufd : -1;
+			forward(&c, &msgs[i], fd);
+			if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
+		}
+		for (long i = 0; i < n; i++) {
+			if (msgs[i].event != UFFD_EVENT_PAGEFAULT) continue;
+			if (!trend(&c, msgs[i].arg.pagefault.address & W_OFFSET) && serve_fault(&c, &msgs[i], page)) continue;
+			__atomic_add_fetch(&c.ctl->forwarded, 1, __ATOMIC_RELAXED);
+			forward(&c, &msgs[i], -1);
+		}
+	}
+}
+
+/* start_fault_thread maps the table farmem sent (table, closed here) and starts the fault thread
+ * on the store space store and the socket sock, which it keeps; its id, or -errno. */
+static long start_fault_thread(int table, int store, int sock)
+{
+	long words = exempt6(SYS_mmap, 0, FM_TABLE_FILE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, table, 0);
+	raw6(SYS_close, table, 0, 0, 0, 0, 0);
+	if (words < 0 && words > -4096) return words;
+	long stack = exempt6(SYS_mmap, 0, FM_FAULT_STACK, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (stack < 0 && stack > -4096) {
+		exempt6(SYS_munmap, words, FM_TABLE_FILE, 0, 0, 0, 0);
+		return stack;
+	}
+	/* The thread reads the uffd under the control page's lock: a read must never wait there. */
+	long fl = raw6(SYS_fcntl, ufd, F_GETFL, 0, 0, 0, 0);
+	if (fl >= 0 && !(fl & O_NONBLOCK)) raw6(SYS_fcntl, ufd, F_SETFL, fl | O_NONBLOCK, 0, 0, 0);
+	/* A fork child has a table and a thread of its own, if any: nothing of its parent's. */
+	raw6(SYS_madvise, words, FM_TABLE_FILE, MADV_DONTFORK, 0, 0, 0);
+	raw6(SYS_madvise, stack, FM_FAULT_STACK, MADV_DONTFORK, 0, 0, 0);
+	fault_store = store, fault_sock = sock;
+	fault_start = (struct fault_ctx){ .ufd = ufd, .sock = sock, .store = store, .words = (uint64_t *)words,
+					  .ctl = (struct fm_ctl *)(words + FM_TABLE_BYTES),
+					  .posts = (struct fm_post *)(words + FM_TABLE_BYTES + 4096) };
+	long tid = clone_thread(stack + FM_FAULT_STACK, fault_thread);
+	if (tid < 0) {
+		exempt6(SYS_munmap, words, FM_TABLE_FILE, 0, 0, 0, 0);
+		exempt6(SYS_munmap, stack, FM_FAULT_STACK, 0, 0, 0, 0);
+		fault_store = fault_sock = -1;
+	}
+	return tid;
+}
+
 /* agent_serve runs the agent thread's work on agent_sock, for ever: it says AGENT_HELLO (the
  * thread's id, and the memory it works from, [mem, mem+mem_len), which the runtime must never
  * evict: its stack), then executes the runtime's requests. The caller has blocked every signal:
@@ -665,9 +901,23 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 			    .a = raw6(SYS_gettid, 0, 0, 0, 0, 0, 0), .b = mem, .c = mem_len };
 	if (send_msg(agent_sock, &h, sizeof h, -1) < 0) die_runtime_lost();
 	for (;;) {
-		long n = recv_msg(agent_sock, buf, sizeof buf, NULL);
+		int fds[3], nfds;
+		long n = recv_msg_fds(agent_sock, buf, sizeof buf, fds, 3, &nfds);
 		if (n <= 0) die_runtime_lost();
 		struct fm_msg *m = (struct fm_msg *)buf;
+		if (m->type == MSG_FAULTS && n >= (long)sizeof *m) {
+			struct fm_msg done = { .type = MSG_FAULTS_OK, .version = PROTO_VERSION };
+			long tid = nfds == 3 ? start_fault_thread(fds[0], fds[1], fds[2]) : -EINVAL;
+			if (tid < 0) {
+				for (int i = tid == -EINVAL ? 0 : 1; i < nfds; i++) raw6(SYS_close, fds[i], 0, 0, 0, 0, 0);
+				done.a = -tid;
+			} else {
+				done.b = tid;
+			}
+			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+			continue;
+		}
+		for (int i = 0; i < nfds; i++) raw6(SYS_close, fds[i], 0, 0, 0, 0, 0);
 		if (n < (long)sizeof *m) continue;
 		if (m->type == MSG_SYSCALL && n >= (long)(sizeof *m + 6 * sizeof(uint64_t))) {
 			uint64_t *a = (uint64_t *)(buf + sizeof *m);
