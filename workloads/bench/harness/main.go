@@ -60,6 +60,7 @@ type config struct {
 	remote   string // farmem: "" (the embedded store), or tcp or shm (a memory server on this host)
 	swap     string // swap: zram or file
 	inproc   bool   // floor: the pager inside the program (floorpager --inproc)
+	program  bool   // farmem: --serve-faults program
 	pct      int    // cap as % of the native peak (0 for native)
 }
 
@@ -71,6 +72,9 @@ func (c config) name() string {
 		n := "farmem"
 		if c.before {
 			return "farmem-before"
+		}
+		if c.program {
+			return "farmem-program"
 		}
 		if c.remote != "" {
 			n += "-" + c.remote
@@ -168,7 +172,7 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf, numpy-matmul, jvm-* and node are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul, jvm-g1, jvm-parallel (a 400 MiB heap at scale 1), node (about 330 MiB)")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-before (the -before build, defaults), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis), floor-inproc (bin/floorpager --inproc: the same pager run by a thread of the program)")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-before (the -before build, defaults), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), farmem-program (--serve-faults program), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis), floor-inproc (bin/floorpager --inproc: the same pager run by a thread of the program)")
 	flag.StringVar(&beforeBin, "before", "", "an earlier build of farmem (a binary), run as the farmem-before configuration; the report names its version")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
@@ -299,6 +303,8 @@ func configs(names, caps []string) ([]config, []int, error) {
 			switch n {
 			case "farmem":
 				r = append(r, config{kind: "farmem", pct: p})
+			case "farmem-program":
+				r = append(r, config{kind: "farmem", program: true, pct: p})
 			case "farmem-before":
 				if beforeBin == "" {
 					return nil, nil, errors.New("farmem-before needs -before BIN, an earlier build of farmem")
@@ -566,6 +572,9 @@ func (h *harness) run(w workload, c config, round int) (result, error) {
 		}
 		if c.prefetch != "" {
 			prefix = append(prefix, "--prefetch", c.prefetch)
+		}
+		if c.program {
+			prefix = append(prefix, "--serve-faults", "program")
 		}
 		prefix = append(prefix, "--")
 	case "swap":
