@@ -14,7 +14,7 @@ import (
 // agent's fault thread read its uffd: it installs what its page table's words let it (package
 // pubtable), posting each install, and sends every other message here, on a socket, as the
 // uffd_msg the kernel gave it (a FORK event's new uffd goes along as SCM_RIGHTS). The fault
-// thread reads that socket where it read the uffd, in the same order, and serves as before,
+// thread reads that socket where it would read the uffd, in the same order, and serves alike,
 // with farmem's own copy of the uffd for the ioctls. Three things keep the two in step:
 //
 //   - the posts are read (PageTable.Drain) before the messages the agent sent after them are
@@ -24,7 +24,7 @@ import (
 //   - farmem installs only under the control page's lock, which the agent holds across each
 //     read of the uffd, and only when every event read is applied: an event not yet read holds
 //     the install in the kernel (EAGAIN), one read and not applied sends it back to wait for it,
-//     as when farmem read the uffd itself. So no install lands in a parent after its fork is
+//     as when farmem reads the uffd itself. So no install lands in a parent after its fork is
 //     read and before its child's table is cloned.
 
 // inProgram is the fault thread's side of a process whose agent serves faults.

@@ -76,9 +76,9 @@ func mapCtl(fd int) (*Ctl, error) {
 // LockInstall takes the lock farmem holds across each install of its own into the process,
 // and reports whether every event the agent has read from the uffd is applied. With the lock
 // held the agent reads nothing, so an event it has not read yet holds farmem's install in the
-// kernel (EAGAIN) as before the agent read the uffd; one it has read and farmem has not applied
-// must be applied first: the caller then unlocks and tries again later. It gives up after a
-// while (false, unlocked): the agent may be stopped with the lock, or gone.
+// kernel (EAGAIN), as when farmem reads the uffd itself; one it has read and farmem has not
+// applied must be applied first: the caller then unlocks and tries again later. It gives up
+// after a while (false, unlocked): the agent may be stopped with the lock, or gone.
 func (c *Ctl) LockInstall() bool {
 	for i := 0; ; i++ {
 		if c.w[ctlLock].CompareAndSwap(0, lockFarmem) {

@@ -16,7 +16,7 @@ import (
 // (Config.FaultsInProgram) and the process's pages are kept where the agent can read them: a
 // store space of its own and the table of words its page table keeps. The agent gets the table,
 // a read-only descriptor of the space, and one end of a socket for what it sends on. Failing
-// that, farmem goes on serving every fault, as before.
+// that, farmem serves every fault itself.
 func (p *Process) ServeInProgram(a Agent) {
 	if !p.rt.cfg.FaultsInProgram || p.space == 0 {
 		return
