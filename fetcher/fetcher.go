@@ -13,6 +13,7 @@ import (
 	"github.com/farmem/farmem/faulttrace"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/prefetch"
+	"github.com/farmem/farmem/pubtable"
 	"github.com/farmem/farmem/uffd"
 )
 
@@ -114,7 +115,7 @@ type Fetcher struct {
 	// page from then on, for every install's lock (copy, zeroPage).
 	handover   atomic.Pointer[inProgram]
 	in         *inProgram
-	installCtl pubCtl
+	installCtl atomic.Pointer[pubtable.Ctl]
 }
 
 // New makes the fetcher of one process. Start runs it.

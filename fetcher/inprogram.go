@@ -1,7 +1,6 @@
 package fetcher
 
 import (
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -177,6 +176,3 @@ func (f *Fetcher) zeroPage(dst, n, mode uint64) (int64, error) {
 	defer c.UnlockInstall()
 	return uffd.ZeroPage(f.fd, dst, n, mode)
 }
-
-// pubCtl is installCtl's type.
-type pubCtl = atomic.Pointer[pubtable.Ctl]

@@ -126,10 +126,6 @@ func (c *Ctl) TakeRoom(n int64) int64 {
 	}
 }
 
-// Served and Forwarded are the agent's counts of the faults it served and sent on.
-func (c *Ctl) Served() int64    { return int64(c.w[ctlServed].Load()) }
-func (c *Ctl) Forwarded() int64 { return int64(c.w[ctlForwarded].Load()) }
-
 // Pending reports whether a post is waiting to be read.
 func (c *Ctl) Pending() bool { return c.w[ctlPostHead].Load() != c.w[ctlPostTail].Load() }
 

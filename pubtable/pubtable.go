@@ -71,9 +71,6 @@ func Word(k Kind, off int64) uint64 { return uint64(off) | uint64(k) }
 // KindOf returns w's kind.
 func KindOf(w uint64) Kind { return Kind(w & kindMask) }
 
-// IsClaimed reports whether page's word is Claimed.
-func (t *Table) IsClaimed(page uint64) bool { return KindOf(t.Load(page)) == Claimed }
-
 // Offset returns the store space offset of a Published word.
 func Offset(w uint64) int64 { return int64(w &^ (1<<pageShift - 1)) }
 
