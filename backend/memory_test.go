@@ -3,6 +3,7 @@ package backend
 import (
 	"bytes"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -237,5 +238,34 @@ func TestMemorySpaceGoesWithItsLastSlot(t *testing.T) {
 	m.EndSpace(again)
 	if len(m.spaces) != 0 {
 		t.Fatal("an empty space did not go when it ended")
+	}
+}
+
+// A space's pages are copied in and out by the kernel: farmem never maps a space's file, whose
+// pages would then cost a first touch each from farmem's side (see arena).
+func TestMemorySpaceIsNeverMapped(t *testing.T) {
+	m := NewMemory()
+	defer m.Close()
+	sp, err := m.NewSpace()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := bytes.Repeat([]byte{7}, 64*PageSize)
+	slots := make([]Slot, 64)
+	if err := m.StoreIn(sp, src, slots); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, PageSize)
+	for _, s := range slots {
+		if err := m.Load(s, dst); err != nil || !bytes.Equal(dst, src[:PageSize]) {
+			t.Fatalf("slot %#x: %v, or it came back different", s, err)
+		}
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(maps, []byte("memfd:farmem-store")) {
+		t.Fatalf("a store space's file is mapped:\n%s", maps)
 	}
 }
