@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -203,6 +204,10 @@ func (m *Memory) StoreIn(sp Space, src []byte, slots []Slot) error {
 		}
 	}
 	if file >= 0 {
+		// In order, the slots a batch reuses (last freed, first taken: a scan's come out in
+		// reverse) follow one another where they can, for writeSlots and for a later LoadBatch
+		// of the same pages.
+		slices.Sort(slots[:n])
 		// Written outside mu: the space cannot go while its slots are held, nor its file close.
 		if err := writeSlots(file, src, slots[:n]); err != nil {
 			m.unput(slots[:n])
@@ -322,6 +327,40 @@ func (m *Memory) Load(s Slot, dst []byte) error {
 		return fmt.Errorf("%w %d", ErrUnknownSlot, s)
 	}
 	copy(dst[:PageSize], p)
+	return nil
+}
+
+// LoadBatch implements BatchLoader: the pages of a space's slots that follow one another in its
+// file are read with one pread (a scan's pages, evicted in order, took slots in order), the
+// others one by one. A slot that holds nothing fails it, and the caller goes page by page.
+func (m *Memory) LoadBatch(slots []Slot, dst []byte) error {
+	m.copying.RLock()
+	defer m.copying.RUnlock()
+	for i := 0; i < len(slots); {
+		m.mu.Lock()
+		a, j := m.arena(slots[i])
+		if a == nil || a.held(j) == 0 {
+			m.mu.Unlock()
+			return fmt.Errorf("%w %d", ErrUnknownSlot, slots[i])
+		}
+		if a.file < 0 {
+			p := a.get(j)
+			m.mu.Unlock()
+			copy(dst[i*PageSize:(i+1)*PageSize], p) // outside mu, as Load's
+			i++
+			continue
+		}
+		k := 1
+		for i+k < len(slots) && slots[i+k] == slots[i]+Slot(k) && a.held(j+k) != 0 {
+			k++
+		}
+		file, off := a.file, a.offset(j)
+		m.mu.Unlock()
+		if err := preadAll(file, dst[i*PageSize:(i+k)*PageSize], off); err != nil {
+			return err
+		}
+		i += k
+	}
 	return nil
 }
 
