@@ -21,13 +21,13 @@ import (
 // than a trimShare-th of what it holds (see trimmer), so that farmem's memory follows what its
 // store holds rather than the most it ever held.
 //
-// A file arena (newFileArena) keeps its blobs in a memfd instead, which another process can read:
-// Memory keeps each served process's pages in one (see Space). It never maps the file: its owner
-// writes and reads blob i with pwrite and pread at offset(i), and its trims punch the freed pages
-// out of the file. Copied by the kernel, through its own map of memory, a page costs no touch
-// from farmem's side; written through a mapping, each page's first touch was the hypervisor's
-// work on a PVM guest, even filled in ahead, and cost several times the copy itself
-// (results/storefile.md).
+// A file arena (newFileArena) maps its chunks from a memfd instead, one after another, so that the
+// memory can also be mapped by another process: Memory keeps each served process's pages in one
+// (see Space). Its trims punch the freed pages out of the file (MADV_REMOVE): dropping a shared
+// mapping's pages would leave them in the file. The file is mapped, not written and read with
+// pwrite and pread, though on a PVM guest a page's first write through the mapping costs three
+// times a pwrite's: that only pays while the store grows, and every load would pay a system
+// call on the fault's path instead; scans ran 0.83-0.93x as fast that way (results/storefile.md).
 //
 // An arena has no lock of its own: its owner's lock protects every field, except rel between
 // takeTrim and endTrim, which belongs to the owner's trimmer alone.
@@ -54,8 +54,8 @@ type arena struct {
 	// then discard.
 	trimming bool
 	rel      releaser
-	// file is the memfd that holds blob i at offset(i), or -1: the chunks are anonymous memory.
-	// Set at construction; closed by close.
+	// file is the memfd chunk i maps at offset i*perChunk*size, or -1: the chunks are anonymous
+	// memory. Set at construction; closed by close.
 	file int
 	// trimLeast is the least a trim gives back: trimMin, or less for a file arena.
 	trimLeast int
@@ -64,7 +64,7 @@ type arena struct {
 // chunk is one mapping of perChunk blobs. The lengths live beside the data, allocated with it,
 // so a new blob never grows a slice of its own.
 type chunk struct {
-	data []byte   // perChunk blobs of size bytes each, mapped anonymous and private; nil in a file arena
+	data []byte   // perChunk blobs of size bytes each, mapped anonymous and private
 	lens []uint16 // stored length of each blob; 0 marks a free index, so it doubles as the guard against loading one
 }
 
@@ -84,18 +84,16 @@ func newArena(size, chunkBytes int) arena {
 	return arena{size: size, perChunk: max(chunkBytes/size, 1), next: 1, file: -1, trimLeast: trimMin}
 }
 
-// newFileArena returns an empty arena of size-byte blobs kept in memfd file, which the arena
-// owns from now on, and which grows chunkBytes (whole pages of whole blobs) at a time. It trims
-// from least bytes free on (an arena a process: see Space).
+// newFileArena returns an empty arena of size-byte blobs whose chunks of chunkBytes (whole
+// pages of whole blobs) map memfd file, which the arena owns from now on. It trims from
+// least bytes free on (an arena a process: see Space).
 func newFileArena(file, size, chunkBytes, least int) arena {
 	a := newArena(size, chunkBytes)
-	a.file, a.trimLeast, a.rel.file = file, least, file
+	a.file, a.trimLeast, a.rel.remove = file, least, true
 	return a
 }
 
-// mapChunk maps the memory of the next chunk; a file arena's file grows by a chunk instead,
-// and the chunk's data is nil. (A file's pages, like an anonymous mapping's, are memory only
-// once written.)
+// mapChunk maps the memory of the next chunk.
 func (a *arena) mapChunk() ([]byte, error) {
 	n := a.perChunk * a.size
 	if a.file < 0 {
@@ -104,20 +102,21 @@ func (a *arena) mapChunk() ([]byte, error) {
 		// strict overcommit.
 		return unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
 	}
-	return nil, unix.Ftruncate(a.file, int64(len(a.chunks)+1)*int64(n))
+	off := int64(len(a.chunks)) * int64(n)
+	if err := unix.Ftruncate(a.file, off+int64(n)); err != nil {
+		return nil, err
+	}
+	return unix.Mmap(a.file, off, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
 }
 
-// offset is where blob i lies in the arena's file.
-func (a *arena) offset(i int) int64 { return int64(i-1) * int64(a.size) }
-
 // take makes a free blob hold n bytes (1 to size), and returns its index and those bytes, for
-// the caller to fill (nil in a file arena: the caller writes the file at offset(i)). The blob
-// counts as live from now on: a trim leaves its page alone, so it may be filled after the
-// owner's lock is released. It fails only if a new chunk cannot be mapped.
+// the caller to fill. The blob counts as live from now on: a trim leaves its page alone, so it
+// may be filled after the owner's lock is released. It fails only if a new chunk cannot be
+// mapped.
 //
-// When the blob is never-used memory of a mapping not yet handed out to be filled in, take also
-// returns a stretch of such memory from the blob on (fillFor) for the caller to give to prefault
-// once the lock is released; otherwise ahead is nil.
+// When the blob is never-used memory not yet handed out to be filled in, take also returns a
+// stretch of such memory from the blob on (fillFor) for the caller to give to prefault once
+// the lock is released; otherwise ahead is nil.
 func (a *arena) take(n int) (i int, blob, ahead []byte, err error) {
 	if k := len(a.free); k > 0 {
 		i = a.free[k-1]
@@ -135,16 +134,11 @@ func (a *arena) take(n int) (i int, blob, ahead []byte, err error) {
 		}
 		i = a.next
 		a.next++
-		if a.file < 0 {
-			ahead = a.fillFor(i)
-		}
+		ahead = a.fillFor(i)
 	}
 	c, j := a.locate(i)
 	c.lens[j] = uint16(n)
 	a.inUse++
-	if a.file >= 0 {
-		return i, nil, nil, nil
-	}
 	return i, c.data[j*a.size : j*a.size+n], ahead, nil
 }
 
@@ -182,32 +176,24 @@ func (a *arena) fillFor(i int) []byte {
 	return c.data[start:end]
 }
 
-// get returns the stored bytes of blob i of an arena of mappings, or nil if i holds nothing
-// (never stored, freed, out of range, or the arena was closed). The slice aliases the chunk:
-// use it under the owner's lock.
+// get returns the stored bytes of blob i, or nil if i holds nothing (never stored, freed, out
+// of range, or the arena was closed). The slice aliases the chunk: use it under the owner's lock.
 func (a *arena) get(i int) []byte {
-	n := a.held(i)
-	if n == 0 {
+	if i < 1 || i >= a.next || (i-1)/a.perChunk >= len(a.chunks) {
 		return nil
 	}
 	c, j := a.locate(i)
-	return c.data[j*a.size : j*a.size+n]
-}
-
-// held returns how many bytes blob i holds: 0 if it holds nothing (never stored, freed, out of
-// range, or the arena was closed).
-func (a *arena) held(i int) int {
-	if i < 1 || i >= a.next || (i-1)/a.perChunk >= len(a.chunks) {
-		return 0
+	n := int(c.lens[j])
+	if n == 0 {
+		return nil
 	}
-	c, j := a.locate(i)
-	return int(c.lens[j])
+	return c.data[j*a.size : j*a.size+n]
 }
 
 // release frees blob i for reuse; it reports false if i held nothing, which callers treat as a
 // double free. Once enough is free it sets due: the owner then wakes its trimmer.
 func (a *arena) release(i int) bool {
-	if a.held(i) == 0 {
+	if a.get(i) == nil {
 		return false
 	}
 	c, j := a.locate(i)
@@ -250,7 +236,7 @@ func (a *arena) takeTrim() bool {
 	a.queue(run)
 	a.cold = append(a.cold, a.free...)
 	a.free = a.free[:0]
-	a.trimming = a.rel.pending()
+	a.trimming = len(a.rel.iov) > 0
 	return a.trimming
 }
 
@@ -281,11 +267,6 @@ func (a *arena) queue(r pageRun) {
 	if r.chunk < 0 || r.start == r.end {
 		return
 	}
-	if a.file >= 0 {
-		base := int64(r.chunk) * int64(a.perChunk*a.size)
-		a.rel.addHole(base+int64(r.start*PageSize), int64(r.end-r.start)*PageSize)
-		return
-	}
 	data := a.chunks[r.chunk].data
 	// The slice ends at the last blob, which may end inside a page; the kernel rounds the
 	// length up to the page, which is free too (pageFree checked every blob on it).
@@ -297,9 +278,7 @@ func (a *arena) queue(r pageRun) {
 // stopped, or be done with this arena.
 func (a *arena) close() {
 	for _, c := range a.chunks {
-		if c.data != nil {
-			_ = unix.Munmap(c.data)
-		}
+		_ = unix.Munmap(c.data)
 	}
 	if a.file >= 0 {
 		_ = unix.Close(a.file)

@@ -11,18 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// residentPages is how many of the arena's pages the kernel has in memory: its chunks' (mincore),
-// or its file's (the blocks the file holds): what the arena costs farmem, counted by the kernel
-// rather than by the arena.
+// residentPages is how many of the arena's chunk pages the kernel has in memory (mincore):
+// what the arena costs farmem's RSS, counted by the kernel rather than by the arena.
 func residentPages(t *testing.T, a *arena) int {
 	t.Helper()
-	if a.file >= 0 {
-		var st unix.Stat_t
-		if err := unix.Fstat(a.file, &st); err != nil {
-			t.Fatal(err)
-		}
-		return int(st.Blocks * 512 / PageSize)
-	}
 	n := 0
 	for _, c := range a.chunks {
 		vec := make([]byte, (len(c.data)+PageSize-1)/PageSize)
@@ -35,23 +27,6 @@ func residentPages(t *testing.T, a *arena) int {
 		}
 	}
 	return n
-}
-
-// blobOf returns what blob i of a holds, read from its file in a file arena.
-func blobOf(t *testing.T, a *arena, i int) []byte {
-	t.Helper()
-	if a.file < 0 {
-		return a.get(i)
-	}
-	n := a.held(i)
-	if n == 0 {
-		return nil
-	}
-	b := make([]byte, n)
-	if _, err := unix.Pread(a.file, b, a.offset(i)); err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // free releases blob i of a and, if that makes a trim due, runs it as the owner's trimmer would.
@@ -79,19 +54,8 @@ func blob(i, n int) []byte {
 // counts no more of it resident than what it still holds and the free share trim allows, and
 // every blob still held reads back intact, then and after the freed ones are reused.
 func TestArenaTrimGivesFreedPagesBack(t *testing.T) {
-	for _, size := range []int{PageSize, 768, 256, -PageSize} {
-		var a arena
-		kind := "anonymous"
-		if size > 0 {
-			a = newArena(size, 4<<20)
-		} else { // a file arena
-			size, kind = -size, "file"
-			fd, err := newStoreFile()
-			if err != nil {
-				t.Fatal(err)
-			}
-			a = newFileArena(fd, size, 4<<20, trimMin)
-		}
+	for _, size := range []int{PageSize, 768, 256} {
+		a := newArena(size, 4<<20)
 		const n = 16384
 		idx := make([]int, n)
 		for i := range idx {
@@ -102,7 +66,7 @@ func TestArenaTrimGivesFreedPagesBack(t *testing.T) {
 		}
 		full := residentPages(t, &a)
 		if want := n * size / PageSize; full < want {
-			t.Fatalf("%s, size %d: %d pages resident after storing %d bytes, want at least %d", kind, size, full, n*size, want)
+			t.Fatalf("size %d: %d pages resident after storing %d bytes, want at least %d", size, full, n*size, want)
 		}
 		// Free all but every 64th blob, in an order that is not the order of the indices.
 		for k := range n {
@@ -119,14 +83,14 @@ func TestArenaTrimGivesFreedPagesBack(t *testing.T) {
 		}
 		allow := (kept + max(trimMin, kept*size/trimShare)/PageSize) * perBlob
 		got := residentPages(t, &a)
-		t.Logf("%s, size %d: %d pages resident when full, %d holding %d blobs (at most %d allowed)", kind, size, full, got, kept, allow)
+		t.Logf("size %d: %d pages resident when full, %d holding %d blobs (at most %d allowed)", size, full, got, kept, allow)
 		if got > allow {
-			t.Errorf("%s, size %d: %d of %d pages still resident holding %d blobs, want at most %d", kind, size, got, full, kept, allow)
+			t.Errorf("size %d: %d of %d pages still resident holding %d blobs, want at most %d", size, got, full, kept, allow)
 		}
 		check := func() {
 			for i := 0; i < n; i += 64 {
-				if got := blobOf(t, &a, idx[i]); !bytes.Equal(got, blob(i, size)) {
-					t.Fatalf("%s, size %d: blob %d came back different after trims", kind, size, i)
+				if got := a.get(idx[i]); !bytes.Equal(got, blob(i, size)) {
+					t.Fatalf("size %d: blob %d came back different after trims", size, i)
 				}
 			}
 		}
@@ -138,13 +102,13 @@ func TestArenaTrimGivesFreedPagesBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := blobOf(t, &a, i); !bytes.Equal(got, blob(n+k, size)) {
-				t.Fatalf("%s, size %d: a reused blob came back different", kind, size)
+			if got := a.get(i); !bytes.Equal(got, blob(n+k, size)) {
+				t.Fatalf("size %d: a reused blob came back different", size)
 			}
 		}
 		check()
 		if a.next != n+1 {
-			t.Errorf("%s, size %d: the arena grew to %d blobs for %d held: freed ones were not reused", kind, size, a.next-1, n)
+			t.Errorf("size %d: the arena grew to %d blobs for %d held: freed ones were not reused", size, a.next-1, n)
 		}
 		a.close()
 	}
@@ -296,9 +260,6 @@ func (a *arena) put(b []byte) (int, error) {
 	i, blob, _, err := a.take(len(b))
 	if err != nil {
 		return 0, err
-	}
-	if a.file >= 0 {
-		return i, pwriteAll(a.file, b, a.offset(i))
 	}
 	copy(blob, b)
 	return i, nil

@@ -3,8 +3,6 @@ package backend
 import (
 	"errors"
 	"fmt"
-	"io"
-	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -18,21 +16,20 @@ const chunkPages = 16384
 var errClosed = errors.New("backend: store is closed")
 
 // Memory is the embedded backend: pages kept in the farmem process itself, in arenas of 4 KiB
-// blobs. Storing and loading allocate nothing once the chunks exist; the pages of freed slots go
-// back to the kernel once they add up (see arena). It makes `farmem run` work
+// blobs. Storing and loading are a memcpy and allocate nothing once the chunks exist; the pages
+// of freed slots go back to the kernel once they add up (see arena). It makes `farmem run` work
 // with no cluster; it does not reduce the machine's total memory use (that is what memory
 // servers are for, or Compressed shrinks it).
 //
-// Pages stored with Store share one arena of anonymous memory, copied in and out with memcpy.
-// Those stored with StoreIn go to the arena of a Space: one served process's pages, in a memfd
-// of their own, which that process and no other may read (docs/DESIGN.md, "Where a fault is
-// served"), written and read with pwrite and pread (see arena).
+// Pages stored with Store share one arena of anonymous memory. Those stored with StoreIn go to
+// the arena of a Space: one served process's pages, in a memfd of their own, which can be mapped
+// into that process and no other (docs/DESIGN.md, "Where a fault is served").
 //
 // No page is copied under mu: it guards the arenas' bookkeeping only, so a fault's Load never
 // waits for an eviction batch's Store to copy its pages, nor a Store for a Load. The copies
-// hold copying for reading instead, which keeps the chunks mapped and the spaces' files open:
-// Close waits for them. A space's file is closed before Close only once it holds nothing, when
-// no copy can be at it.
+// hold copying for reading instead, which keeps the chunks mapped: Close waits for them. A
+// space's chunks are unmapped before Close only once it holds nothing, when no copy can be
+// reading them.
 type Memory struct {
 	mu        sync.Mutex
 	pages     arena            // protected by mu; the pages stored with Store: slot i is blob i
@@ -129,11 +126,8 @@ func (m *Memory) SpaceFile(sp Space) int {
 // Where says where slot s's page is kept: in space sp's memfd at offset off (sp 0: in the part
 // Store uses, which has no file). It says nothing of whether s holds a page.
 func (m *Memory) Where(s Slot) (sp Space, off int64) {
-	return Space(s >> spaceShift), slotOffset(s)
+	return Space(s >> spaceShift), int64(s&indexMask-1) * PageSize
 }
-
-// slotOffset is where slot s's page lies in its space's file.
-func slotOffset(s Slot) int64 { return int64(s&indexMask-1) * PageSize }
 
 // arena returns the arena slot is in and its index there; nil if no arena has it. mu is held.
 func (m *Memory) arena(slot Slot) (*arena, int) {
@@ -190,87 +184,41 @@ func (m *Memory) StoreIn(sp Space, src []byte, slots []Slot) error {
 	}
 	m.copying.RLock()
 	defer m.copying.RUnlock()
-	file := -1
 	for i := 0; i < n; i++ {
-		slot, blob, ahead, f, err := m.take(sp)
+		slot, blob, ahead, err := m.take(sp)
 		if err != nil {
 			m.unput(slots[:i]) // a failed Store keeps nothing: the caller frees no slot of it
 			return err
 		}
+		prefault(ahead) // under copying, which Close waits for: the chunks stay mapped
+		copy(blob, src[i*PageSize:(i+1)*PageSize])
 		slots[i] = slot
-		if file = f; file < 0 {
-			prefault(ahead) // under copying, which Close waits for: the chunks stay mapped
-			copy(blob, src[i*PageSize:(i+1)*PageSize])
-		}
-	}
-	if file >= 0 {
-		// In order, the slots a batch reuses (last freed, first taken: a scan's come out in
-		// reverse) follow one another where they can, for writeSlots and for a later LoadBatch
-		// of the same pages.
-		slices.Sort(slots[:n])
-		// Written outside mu: the space cannot go while its slots are held, nor its file close.
-		if err := writeSlots(file, src, slots[:n]); err != nil {
-			m.unput(slots[:n])
-			return fmt.Errorf("backend: store space %d: %w", sp, err)
-		}
-	}
-	return nil
-}
-
-// writeSlots writes page i of src into file at slot i's offset, with one pwrite for each run of
-// slots that follow one another in the file (a store that grows takes them in order).
-func writeSlots(file int, src []byte, slots []Slot) error {
-	for i := 0; i < len(slots); {
-		k := 1
-		for i+k < len(slots) && slots[i+k] == slots[i]+Slot(k) {
-			k++
-		}
-		if err := pwriteAll(file, src[i*PageSize:(i+k)*PageSize], slotOffset(slots[i])); err != nil {
-			return err
-		}
-		i += k
-	}
-	return nil
-}
-
-// pwriteAll writes all of b to file at off.
-func pwriteAll(file int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pwrite(file, b, off)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		b, off = b[n:], off+int64(n)
 	}
 	return nil
 }
 
 // take takes a free slot of space sp for a page and returns its blob, to be filled outside mu,
-// and the memory to fill in ahead (arena.take); or, for a space, the file to write the page
-// into at the slot's offset (Where), else -1.
-func (m *Memory) take(sp Space) (slot Slot, blob, ahead []byte, file int, err error) {
+// and the memory to fill in ahead (arena.take).
+func (m *Memory) take(sp Space) (Slot, []byte, []byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return 0, nil, nil, -1, errClosed
+		return 0, nil, nil, errClosed
 	}
 	a := &m.pages
 	if sp != 0 {
 		s := m.spaces[sp]
 		if s == nil {
-			return 0, nil, nil, -1, fmt.Errorf("backend: no store space %d", sp)
+			return 0, nil, nil, fmt.Errorf("backend: no store space %d", sp)
 		}
 		a = &s.pages
 	}
 	i, blob, ahead, err := a.take(PageSize)
 	if err != nil {
-		return 0, nil, nil, -1, err
+		return 0, nil, nil, err
 	}
 	m.stored++
-	return Slot(sp)<<spaceShift | Slot(i), blob, ahead, a.file, nil
+	return Slot(sp)<<spaceShift | Slot(i), blob, ahead, nil
 }
 
 // unput releases the slots a failed Store had filled; after Close they are gone already.
@@ -308,77 +256,17 @@ func (m *Memory) Load(s Slot, dst []byte) error {
 	defer m.copying.RUnlock()
 	m.mu.Lock()
 	var p []byte
-	file, off := -1, int64(0)
-	if a, i := m.arena(s); a != nil && a.held(i) != 0 {
-		if a.file >= 0 {
-			file, off = a.file, a.offset(i)
-		} else {
-			p = a.get(i)
-		}
+	if a, i := m.arena(s); a != nil {
+		p = a.get(i)
 	}
 	m.mu.Unlock()
-	// Outside mu: a stored slot's blob changes only once its owner frees it, which it does not
-	// while it loads it; nor can its space go meanwhile (its file close), which it does only
-	// once it holds nothing.
-	switch {
-	case file >= 0:
-		return preadAll(file, dst[:PageSize], off)
-	case p == nil:
+	if p == nil {
 		return fmt.Errorf("%w %d", ErrUnknownSlot, s)
 	}
+	// Outside mu: a stored slot's blob changes only once its owner frees it, which it does not
+	// while it loads it; nor can its space go meanwhile, which it does only once it holds
+	// nothing.
 	copy(dst[:PageSize], p)
-	return nil
-}
-
-// LoadBatch implements BatchLoader: the pages of a space's slots that follow one another in its
-// file are read with one pread (a scan's pages, evicted in order, took slots in order), the
-// others one by one. A slot that holds nothing fails it, and the caller goes page by page.
-func (m *Memory) LoadBatch(slots []Slot, dst []byte) error {
-	m.copying.RLock()
-	defer m.copying.RUnlock()
-	for i := 0; i < len(slots); {
-		m.mu.Lock()
-		a, j := m.arena(slots[i])
-		if a == nil || a.held(j) == 0 {
-			m.mu.Unlock()
-			return fmt.Errorf("%w %d", ErrUnknownSlot, slots[i])
-		}
-		if a.file < 0 {
-			p := a.get(j)
-			m.mu.Unlock()
-			copy(dst[i*PageSize:(i+1)*PageSize], p) // outside mu, as Load's
-			i++
-			continue
-		}
-		k := 1
-		for i+k < len(slots) && slots[i+k] == slots[i]+Slot(k) && a.held(j+k) != 0 {
-			k++
-		}
-		file, off := a.file, a.offset(j)
-		m.mu.Unlock()
-		if err := preadAll(file, dst[i*PageSize:(i+k)*PageSize], off); err != nil {
-			return err
-		}
-		i += k
-	}
-	return nil
-}
-
-// preadAll fills b from file at off.
-func preadAll(file int, b []byte, off int64) error {
-	for len(b) > 0 {
-		n, err := unix.Pread(file, b, off)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("backend: read of the store's file: %w", err)
-		}
-		if n == 0 {
-			return fmt.Errorf("backend: read of the store's file at %d: %w", off, io.ErrUnexpectedEOF)
-		}
-		b, off = b[n:], off+int64(n)
-	}
 	return nil
 }
 
@@ -396,19 +284,6 @@ func (m *Memory) Free(slots ...Slot) {
 			panic(fmt.Sprintf("backend: double free of slot %d", s))
 		}
 	}
-}
-
-// FileBytes is the memory the spaces' files hold: every page of one ever written, less those a
-// trim punched out that no store has written again. farmem never maps those files, so the
-// kernel counts them in no RSS of farmem's; they are farmem's memory all the same.
-func (m *Memory) FileBytes() int64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	n := 0
-	for _, s := range m.spaces {
-		n += s.pages.next - 1 - len(s.pages.cold)
-	}
-	return int64(n) * PageSize
 }
 
 // Stored implements Backend.

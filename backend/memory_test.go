@@ -3,7 +3,6 @@ package backend
 import (
 	"bytes"
 	"errors"
-	"os"
 	"testing"
 	"time"
 
@@ -238,85 +237,5 @@ func TestMemorySpaceGoesWithItsLastSlot(t *testing.T) {
 	m.EndSpace(again)
 	if len(m.spaces) != 0 {
 		t.Fatal("an empty space did not go when it ended")
-	}
-}
-
-// A space's pages are copied in and out by the kernel: farmem never maps a space's file, whose
-// pages would then cost a first touch each from farmem's side (see arena).
-func TestMemorySpaceIsNeverMapped(t *testing.T) {
-	m := NewMemory()
-	defer m.Close()
-	sp, err := m.NewSpace()
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := bytes.Repeat([]byte{7}, 64*PageSize)
-	slots := make([]Slot, 64)
-	if err := m.StoreIn(sp, src, slots); err != nil {
-		t.Fatal(err)
-	}
-	dst := make([]byte, PageSize)
-	for _, s := range slots {
-		if err := m.Load(s, dst); err != nil || !bytes.Equal(dst, src[:PageSize]) {
-			t.Fatalf("slot %#x: %v, or it came back different", s, err)
-		}
-	}
-	maps, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if bytes.Contains(maps, []byte("memfd:farmem-store")) {
-		t.Fatalf("a store space's file is mapped:\n%s", maps)
-	}
-}
-
-// LoadBatch reads every slot's page, from any part of the store and in any order, the runs of a
-// space's slots that follow one another in its file in one read each; a slot that holds nothing
-// fails it (never zeros).
-func TestMemoryLoadBatch(t *testing.T) {
-	m := NewMemory()
-	defer m.Close()
-	page := func(i int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, PageSize) }
-	var want [][]byte
-	var slots []Slot
-	k := 0
-	for _, n := range []int{8, 3, 5} {
-		sp := Space(0)
-		if k > 0 {
-			var err error
-			if sp, err = m.NewSpace(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		var src []byte
-		for range n {
-			want = append(want, page(k))
-			src = append(src, page(k)...)
-			k++
-		}
-		s := make([]Slot, n)
-		if err := m.StoreIn(sp, src, s); err != nil {
-			t.Fatal(err)
-		}
-		slots = append(slots, s...)
-	}
-	// Runs in a space, a run broken by a slot of another part, and one backwards.
-	order := []int{8, 9, 10, 0, 11, 12, 13, 14, 15, 2, 1, 3, 4, 5, 6, 7}
-	batch := make([]Slot, len(order))
-	for i, j := range order {
-		batch[i] = slots[j]
-	}
-	dst := make([]byte, len(batch)*PageSize)
-	if err := m.LoadBatch(batch, dst); err != nil {
-		t.Fatal(err)
-	}
-	for i, j := range order {
-		if !bytes.Equal(dst[i*PageSize:(i+1)*PageSize], want[j]) {
-			t.Fatalf("page %d of the batch (slot %#x) came back different", i, batch[i])
-		}
-	}
-	m.Free(slots[12])
-	if err := m.LoadBatch(batch, dst); !errors.Is(err, ErrUnknownSlot) {
-		t.Fatalf("a batch with a freed slot: %v, want ErrUnknownSlot", err)
 	}
 }

@@ -8,9 +8,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The releaser gives a mapping's ranges back with one process_madvise on PIDFD_SELF where the
-// kernel has it (6.15 and later), and with a madvise each before; a file arena's it punches out
-// of the file. Either way the kernel drops those pages and keeps the others.
+// The releaser gives ranges back with one process_madvise on PIDFD_SELF where the kernel has
+// it (6.15 and later), and with a madvise each before: either way the kernel drops the pages,
+// from a file arena's memfd too.
 func TestReleaserGivesRangesBack(t *testing.T) {
 	var u unix.Utsname
 	if err := unix.Uname(&u); err != nil {
@@ -19,13 +19,15 @@ func TestReleaserGivesRangesBack(t *testing.T) {
 	var major, minor int
 	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor)
 	hasSelf := major > 6 || major == 6 && minor >= 15
-	for _, loop := range []bool{false, true} {
-		releaseRanges(t, "anonymous", loop, hasSelf)
+	for _, kind := range []string{"anonymous", "file"} {
+		for _, loop := range []bool{false, true} {
+			releaseRanges(t, kind, loop, hasSelf)
+		}
 	}
-	releaseRanges(t, "file", false, hasSelf)
 }
 
 func releaseRanges(t *testing.T, kind string, loop, hasSelf bool) {
+	fails := &selfMadviseFails[0]
 	a := newArena(PageSize, 1<<20)
 	if kind == "file" {
 		fd, err := newStoreFile()
@@ -33,37 +35,32 @@ func releaseRanges(t *testing.T, kind string, loop, hasSelf bool) {
 			t.Fatal(err)
 		}
 		a = newFileArena(fd, PageSize, 1<<20, PageSize)
+		fails = &selfMadviseFails[1]
 	}
-	defer selfMadviseFails.Store(false)
-	selfMadviseFails.Store(loop)
+	defer fails.Store(false)
+	fails.Store(loop)
 	for i := range 256 {
 		if _, err := a.put(blob(i, PageSize)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Every other page, in many ranges: more than one process_madvise takes.
-	giveBack := func(p int) {
-		if kind == "file" {
-			a.rel.addHole(int64(p)*PageSize, PageSize)
-		} else {
-			a.rel.add(a.chunks[0].data[p*PageSize : (p+1)*PageSize])
-		}
-	}
+	data := a.chunks[0].data
 	for p := 0; p < 256; p += 2 {
-		giveBack(p)
+		a.rel.add(data[p*PageSize : (p+1)*PageSize])
 	}
 	for p := 0; p < 2*maxIovecs; p++ { // the same ranges again, past UIO_MAXIOV
-		giveBack((p % 128) * 2)
+		a.rel.add(data[(p%128)*2*PageSize : ((p%128)*2+1)*PageSize])
 	}
 	a.rel.flush()
 	if got := residentPages(t, &a); got != 128 {
 		t.Errorf("%s, loop %v: %d pages resident after giving back 128 of 256, want 128", kind, loop, got)
 	}
-	if kind == "anonymous" && !loop && hasSelf && selfMadviseFails.Load() {
+	if kind == "anonymous" && !loop && hasSelf && fails.Load() {
 		t.Errorf("process_madvise(MADV_DONTNEED) on PIDFD_SELF failed, on a kernel which has it")
 	}
 	for i := 1; i < 256; i += 2 { // the pages kept read back
-		if got := blobOf(t, &a, i+1); !bytes.Equal(got, blob(i, PageSize)) {
+		if got := a.get(i + 1); !bytes.Equal(got, blob(i, PageSize)) {
 			t.Fatalf("%s, loop %v: blob %d changed by giving back its neighbours", kind, loop, i+1)
 		}
 	}

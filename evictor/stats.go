@@ -48,10 +48,6 @@ type Stats struct {
 	StageTime [NumStages]atomic.Int64
 	// The backend's peak, sampled after each batch: what the run's evicted pages took.
 	PeakStored, PeakStoredBytes atomic.Int64
-	// PeakFileBytes is the most the backend's files held, sampled after each batch, for a
-	// backend that keeps pages in files farmem does not map (backend.Memory's spaces): memory
-	// of farmem's that its RSS does not count.
-	PeakFileBytes atomic.Int64
 }
 
 // Evicted is every page evicted so far: written, dropped clean, or stored as nothing.
@@ -67,11 +63,6 @@ func (e *Evictor) account(b *batch) {
 	if n := int64(e.cfg.Backend.Stored()); n > e.Stats.PeakStored.Load() {
 		e.Stats.PeakStored.Store(n)
 		e.Stats.PeakStoredBytes.Store(e.cfg.Backend.StoredBytes())
-	}
-	if f, ok := e.cfg.Backend.(interface{ FileBytes() int64 }); ok {
-		if n := f.FileBytes(); n > e.Stats.PeakFileBytes.Load() {
-			e.Stats.PeakFileBytes.Store(n)
-		}
 	}
 	e.Stats.Runs.Add(int64(len(b.victimRuns)))
 	e.Stats.Staged.Add(int64(len(b.staged)))

@@ -92,13 +92,8 @@ type Summary struct {
 	BackendPeakPages int64 `json:"backend_peak_pages"`
 	BackendPeakBytes int64 `json:"backend_peak_bytes"`
 	// FarmemPeakRSSBytes: the most of farmem's own memory the kernel ever counted resident
-	// (VmHWM): its heap, code and stacks, and the part of its store it maps; 0 if it could not
-	// be read.
+	// (VmHWM): its store, heap, code and stacks; 0 if it could not be read.
 	FarmemPeakRSSBytes int64 `json:"farmem_peak_rss_bytes"`
-	// StoreFilesPeakBytes: the most the embedded store's files held (each served process's
-	// pages are in a memfd farmem writes and reads without mapping it): farmem's memory that
-	// its RSS does not count.
-	StoreFilesPeakBytes int64 `json:"store_files_peak_bytes"`
 	// BytesIn: page bytes read back (faults and prefetches); BytesOut: page bytes evictions wrote.
 	BytesIn  int64 `json:"bytes_in"`
 	BytesOut int64 `json:"bytes_out"`
@@ -189,7 +184,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		UnfilteredProcesses: s.Unfiltered.Load(),
 		EnteredImages:       s.Entered.Load(),
 		HeldThreadsMax:      s.HeldThreadsMax.Load(), BusyReleases: s.BusyReleases.Load(),
-		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(), StoreFilesPeakBytes: e.PeakFileBytes.Load(),
+		BackendPeakPages: e.PeakStored.Load(), BackendPeakBytes: e.PeakStoredBytes.Load(),
 		BytesIn: rt.BytesIn(), BytesOut: rt.BytesOut(), PeakAnonBytes: s.PeakAnonPages.Load() * runtime.PageSize,
 		Processes: s.Processes.Load(),
 	}

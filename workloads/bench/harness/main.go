@@ -113,8 +113,8 @@ type result struct {
 	// peakCgroup: peakB is the kernel's peak charge of the program's memory cgroup (swap's always;
 	// farmem's where its summary gives it).
 	peakCgroup bool
-	// storePeakB, farmemRSSB: farmem's store's peak bytes and farmem's own peak memory (VmHWM, and
-	// its store's files, which it does not map), from its summary; 0 when it gave none.
+	// storePeakB, farmemRSSB: farmem's store's peak bytes and farmem's own peak RSS (VmHWM), from
+	// its summary; 0 when it gave none.
 	storePeakB, farmemRSSB int64
 	// farmem: its --latency-out histograms by source (zero, backend, wp, cache) and of its
 	// eviction batches; nil when it wrote none (a run stopped at its limit; native and swap runs).

@@ -8,8 +8,7 @@ const ownMemSlack = 64 << 20
 
 // ownMemory reports farmem's own memory against its embedded store, per workload and cap: the
 // medians over the finished runs of the store's peak (its --summary-json's backend_peak_bytes)
-// and of farmem's own peak memory (farmem_peak_rss_bytes, the kernel's VmHWM, and the store's
-// files' peak, store_files_peak_bytes, which VmHWM does not count), and whether the
+// and of farmem's own peak RSS (farmem_peak_rss_bytes, the kernel's VmHWM), and whether the
 // target holds. A run with a memory server keeps its pages off the machine's farmem process
 // and has no row; so has a run whose summary predates farmem_peak_rss_bytes (an older CSV).
 func ownMemory(p func(string, ...any), wls []workload, cfgs []config, rs []result) {
@@ -25,7 +24,7 @@ func ownMemory(p func(string, ...any), wls []workload, cfgs []config, rs []resul
 				continue
 			}
 			if !header {
-				p("\n## farmem's own memory\n\nIssue 18's target: farmem's RSS at most 1.1x the bytes its store holds + 64 MiB. Medians of the finished runs: the embedded store's peak (`backend_peak_bytes` in farmem's --summary-json) and farmem's own peak memory: its peak RSS as the kernel counts it (`farmem_peak_rss_bytes`, VmHWM: its Go heap, code and stacks, and any store it maps) and the peak of its store's files, which it does not map (`store_files_peak_bytes`); the peaks may come at different moments, so this checks the sum of peaks, at least farmem's peak, against the store's peak.\n\n| workload | config | cap %% | store peak MiB | farmem peak memory MiB | 1.1x store + 64 MiB | |\n|---|---|---|---|---|---|---|\n")
+				p("\n## farmem's own memory\n\nIssue 18's target: farmem's RSS at most 1.1x the bytes its store holds + 64 MiB. Medians of the finished runs: the embedded store's peak (`backend_peak_bytes` in farmem's --summary-json) and farmem's own peak RSS as the kernel counts it (`farmem_peak_rss_bytes`, VmHWM: its store, Go heap, code and stacks); the two peaks may come at different moments, so this checks the peak against the peak.\n\n| workload | config | cap %% | store peak MiB | farmem peak RSS MiB | 1.1x store + 64 MiB | |\n|---|---|---|---|---|---|---|\n")
 				header = true
 			}
 			if math.IsNaN(store) {

@@ -34,9 +34,6 @@ type farmemSummary struct {
 	CgroupPeakBytes    *int64 `json:"cgroup_peak_bytes"`
 	BackendPeakBytes   int64  `json:"backend_peak_bytes"`
 	FarmemPeakRSSBytes int64  `json:"farmem_peak_rss_bytes"` // 0 from a farmem that does not report it
-	// StoreFilesPeakBytes: the store's pages in files farmem does not map, which its RSS does
-	// not count (0 from a farmem that maps them, whose RSS counts them).
-	StoreFilesPeakBytes int64 `json:"store_files_peak_bytes"`
 }
 
 // readSummary reads farmem's --summary-json file.
@@ -52,7 +49,7 @@ func readSummary(path string) (farmemSummary, error) {
 // apply puts what a farmem run's summary says into its result: its backend faults and their
 // service p50/p99, the bytes moved (prefetches included), its peak (the memory cgroup's where
 // farmem had one, measured as swap's is, else its sampled anonymous RSS), its store's peak and
-// its own peak memory (its RSS and its store's files), and its eviction stages.
+// its own peak RSS, and its eviction stages.
 func (s farmemSummary) apply(res *result) {
 	b := s.Faults["backend"]
 	res.faults = b.Count
@@ -63,10 +60,6 @@ func (s farmemSummary) apply(res *result) {
 		res.peakB, res.peakCgroup = *s.CgroupPeakBytes, true
 	}
 	res.storePeakB, res.farmemRSSB = s.BackendPeakBytes, s.FarmemPeakRSSBytes
-	if res.farmemRSSB > 0 {
-		// Each peak at its own moment: their sum is at least farmem's peak.
-		res.farmemRSSB += s.StoreFilesPeakBytes
-	}
 	res.stages = s.stages()
 	res.faultNs, res.heldNs = 0, 0
 	for _, f := range s.Faults {
