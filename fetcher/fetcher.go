@@ -38,6 +38,9 @@ type Host interface {
 	// PrefetchRoom is how many pages prefetching may install now: a guess must never make the
 	// evictor take a page in use. Any goroutine.
 	PrefetchRoom() int64
+	// RoomShort says that the agent was granted less room than it is kept at: the evictor
+	// should keep more, and make some now.
+	RoomShort()
 	// Idle is called when the fault thread has no fault pending, at now (nanotime); it returns
 	// how long the thread may sleep before it must be called again (0: until woken).
 	Idle(now int64) time.Duration

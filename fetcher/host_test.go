@@ -15,6 +15,7 @@ func (nopHost) Faulting(int32)                   {}
 func (nopHost) MustWait(int32) bool              { return false }
 func (nopHost) Room() int64                      { return 1 << 30 }
 func (nopHost) PrefetchRoom() int64              { return 1 << 30 }
+func (nopHost) RoomShort()                       {}
 func (nopHost) Exited() bool                     { return false }
 func (nopHost) ForkChild(int32) int              { return 0 }
 func (nopHost) Idle(int64) time.Duration         { return 0 }

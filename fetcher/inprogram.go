@@ -124,8 +124,13 @@ func forkFD(oob []byte) int {
 	return fd
 }
 
-// topUp reads the agent's posts and gives it room again, as far as the cap allows: room the
-// agent holds is counted resident, so the evictor makes it as for the program's own faults.
+// topUp reads the agent's posts and gives it room again, once it has used half its grant: room
+// the agent holds is counted resident, so the evictor makes it as for the program's own faults.
+// The room comes from below the evictor's high watermark, as a prefetch's does, so that what
+// lies between it and the cap stays for the faults farmem serves while a batch runs. An agent
+// left short is the evictor's to make room for, as for a fault that waited at the cap: without
+// that the evictor kept only the little room it starts with, and the agent sent on most of its
+// faults.
 func (f *Fetcher) topUp() {
 	in := f.in
 	if in == nil || in.closed {
@@ -134,10 +139,16 @@ func (f *Fetcher) topUp() {
 	t := f.table
 	t.LockForFault()
 	t.Drain(in.faulted)
-	if want := in.grant - in.ctl.Room(); want > in.grant/2 && f.host.Room() >= in.grant+want {
-		t.Grant(want)
+	short := false
+	if want := in.grant - in.ctl.Room(); want > in.grant/2 {
+		give := min(want, f.host.PrefetchRoom())
+		t.Grant(give)
+		short = give < want
 	}
 	t.Unlock()
+	if short {
+		f.host.RoomShort()
+	}
 	// Where the program's threads and the agent's fault thread run is decided as for farmem's
 	// own faults (Host.Faulting), with the faults the agent served.
 	for ; in.faults > 0; in.faults-- {

@@ -308,6 +308,15 @@ func (p *Process) makesRoom(tid int32) bool {
 // Room implements fetcher.Host.
 func (p *Process) Room() int64 { return p.rt.roomPages() }
 
+// RoomShort implements fetcher.Host: the evictor takes it as a fault that waited at the cap
+// (unless the run is arming, when faults wait for the arming, not for room).
+func (p *Process) RoomShort() {
+	if !p.rt.arming.Load() {
+		p.rt.evictor.Waited()
+	}
+	p.rt.evictor.Kick()
+}
+
 // PrefetchRoom implements fetcher.Host: prefetching fills the room below the evictor's high
 // watermark and no more. The kernel's count (Used: tracked pages and the memory the page tables
 // do not see yet) is what must stay under the cap, not only the tracked pages.

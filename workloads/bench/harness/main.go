@@ -71,10 +71,13 @@ func (c config) name() string {
 	case "farmem":
 		n := "farmem"
 		if c.before {
-			return "farmem-before"
+			n += "-before"
 		}
 		if c.program {
-			return "farmem-program"
+			return n + "-program"
+		}
+		if c.before {
+			return n
 		}
 		if c.remote != "" {
 			n += "-" + c.remote
@@ -172,7 +175,7 @@ func main() {
 	rounds := flag.Int("rounds", envInt("ROUNDS", 3), "rounds, interleaved (env ROUNDS)")
 	wls := flag.String("workloads", "redis-etc,redis-sys,micro-random,micro-seq,pagerank", "workloads (memcached, micro-zipf, numpy-matmul, jvm-* and node are not in the default run, for time): redis-etc, redis-sys, memcached-etc, memcached-sys, micro-random, micro-seq, micro-zipf, pagerank, numpy-matmul, jvm-g1, jvm-parallel (a 400 MiB heap at scale 1), node (about 330 MiB)")
 	caps := flag.String("caps", "100,75,50,25", "caps, % of each workload's native peak")
-	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-before (the -before build, defaults), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), farmem-program (--serve-faults program), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis), floor-inproc (bin/floorpager --inproc: the same pager run by a thread of the program)")
+	cfgs := flag.String("configs", "farmem,farmem-none,swap-zram,swap-file,floor", "configurations run at every cap (native always runs): farmem (its default prefetcher, streams), farmem-none (or -leap, -streams, -readahead, -stride, -nextn), farmem-before (the -before build, defaults), farmem-before-program (the -before build, --serve-faults program), farmem-tcp, farmem-shm (a ctrl and one memory server on this host; -leap too), farmem-program (--serve-faults program), swap-zram, swap-file, floor (bin/floorpager, the micro workloads and redis), floor-inproc (bin/floorpager --inproc: the same pager run by a thread of the program)")
 	flag.StringVar(&beforeBin, "before", "", "an earlier build of farmem (a binary), run as the farmem-before configuration; the report names its version")
 	scale := flag.Float64("scale", 1, "multiplies the workload sizes")
 	out := flag.String("out", "results", "directory for swap.md, swap.csv and the plots")
@@ -305,11 +308,11 @@ func configs(names, caps []string) ([]config, []int, error) {
 				r = append(r, config{kind: "farmem", pct: p})
 			case "farmem-program":
 				r = append(r, config{kind: "farmem", program: true, pct: p})
-			case "farmem-before":
+			case "farmem-before", "farmem-before-program":
 				if beforeBin == "" {
-					return nil, nil, errors.New("farmem-before needs -before BIN, an earlier build of farmem")
+					return nil, nil, fmt.Errorf("%s needs -before BIN, an earlier build of farmem", n)
 				}
-				r = append(r, config{kind: "farmem", before: true, pct: p})
+				r = append(r, config{kind: "farmem", before: true, program: n == "farmem-before-program", pct: p})
 			case "farmem-leap", "farmem-streams", "farmem-readahead", "farmem-stride", "farmem-nextn", "farmem-none":
 				r = append(r, config{kind: "farmem", prefetch: strings.TrimPrefix(n, "farmem-"), pct: p})
 			case "farmem-tcp", "farmem-shm", "farmem-tcp-leap", "farmem-shm-leap":
