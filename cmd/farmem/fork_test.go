@@ -27,6 +27,14 @@ import (
 //     page only the parent has, and the runtime would stop the child at its first touch of it.
 func TestForkingThreadsEachServedAsItself(t *testing.T) { forkingThreads(t, attacheeBin(t)) }
 
+// The same with the faults read and served in the program (--serve-faults program): the agent's
+// fault thread reads each FORK event and sends it on to farmem, so a child runs, and says
+// hello, before farmem has its event; the parent's agent must also not serve a fault between
+// its read of the FORK event and farmem's clone of the table.
+func TestForkingThreadsServedInProgram(t *testing.T) {
+	forkingThreads(t, attacheeBin(t), "--serve-faults", "program")
+}
+
 // The same in a static program (musl), whose forks the runtime enters itself (the fork server):
 // no shim's atfork handler holds the batches' moves back while it forks, the runtime does.
 func TestStaticForkingThreads(t *testing.T) {
@@ -68,14 +76,15 @@ func TestRawCloneForkingThreads(t *testing.T) {
 	}
 }
 
-// forkingThreads runs attachee bin under farmem at 16 MiB with two forking threads, together
-// and beside a churning thread, until they forked 60 times each way, every child verifying its
-// copy.
-func forkingThreads(t *testing.T, bin string) {
+// forkingThreads runs attachee bin under farmem at 16 MiB (with farmem's options opts) with two
+// forking threads, together and beside a churning thread, until they forked 60 times each way,
+// every child verifying its copy.
+func forkingThreads(t *testing.T, bin string, opts ...string) {
 	for _, tc := range []struct{ name, churn string }{{"together", "0"}, {"churning", "1"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr syncBuffer
-			cmd := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", bin, "32", "2", tc.churn)
+			args := append(append([]string{"run", "--quiet", "--local-mem", "16MiB"}, opts...), "--", bin, "32", "2", tc.churn)
+			cmd := exec.Command(farmemBin(t), args...)
 			cmd.Stderr = &stderr
 			a := startAttacheeCmd(t, cmd)
 			a.forkedRight(t, 60, &stderr)
