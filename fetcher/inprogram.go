@@ -175,8 +175,14 @@ func (f *Fetcher) copy(dst uint64, src unsafe.Pointer, n, mode uint64) (int64, e
 	return uffd.Copy(f.fd, dst, src, n, mode)
 }
 
-// zeroPage is uffd.ZeroPage into the process, as copy.
-func (f *Fetcher) zeroPage(dst, n, mode uint64) (int64, error) {
+// ZeroPage is uffd.ZeroPage into the process, as copy: once the agent reads the uffd, EAGAIN
+// while an event it read is not applied here. The runtime's adopt asks it whether a page is in
+// a mapping of the process's that is registered (ZeroPageDontWake, on a page present: EEXIST),
+// and must hear EAGAIN there as well: the agent's read of a REMAP lets the program go on, the
+// pages already at their new address, while the table still holds them at the old one; adopted
+// at the new one, they would be recorded twice, and the move's entries replace the adopted ones
+// under a batch that took one of them as its victim. Any goroutine.
+func (f *Fetcher) ZeroPage(dst, n, mode uint64) (int64, error) {
 	c := f.installCtl.Load()
 	if c == nil {
 		return uffd.ZeroPage(f.fd, dst, n, mode)

@@ -361,7 +361,7 @@ func (f *Fetcher) missing(pg uint64, write bool, buf []byte, since time.Time) (o
 // process's table. Anything but an install would leave the read, and the batch that retire
 // waits for, stuck for ever.
 func (f *Fetcher) endFarmemRead(pg uint64) outcome {
-	_, err := f.zeroPage(pg, ps, 0)
+	_, err := f.ZeroPage(pg, ps, 0)
 	switch err {
 	case nil, unix.EEXIST, unix.ENOENT, unix.ESRCH:
 		return served
@@ -426,7 +426,7 @@ func (f *Fetcher) zeroFill(pg uint64, write bool) outcome {
 			n, err = f.copy(pg, unsafe.Pointer(&zeros[0]), k*ps, 0)
 			f.clock.installed(IoctlCopy)
 		} else {
-			n, err = f.zeroPage(pg, k*ps, 0)
+			n, err = f.ZeroPage(pg, k*ps, 0)
 			f.clock.installed(IoctlZeroPage)
 		}
 		f.clock.pages = int(max(n, 0) / ps)

@@ -116,10 +116,11 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 // ours reports whether [start, start+length), whose first page is present, lies in one mapping
 // registered with the process's uffd: a zero-page request there checks the mapping first
 // (ENOENT if it is not one registered mapping of ours), then finds the first page present
-// (EEXIST) and installs nothing. Anything else (EAGAIN: an event not read yet, which may be
-// the mapping's replacement) is no: a page not adopted is only never evicted.
+// (EEXIST) and installs nothing. Anything else (EAGAIN: an event not read yet, or read by the
+// agent and not applied yet, which may be the mapping's replacement or move) is no: a page not
+// adopted is only never evicted.
 func (p *Process) ours(start, length uint64) bool {
-	_, err := uffd.ZeroPage(p.fd, start, length, uffd.ZeroPageDontWake)
+	_, err := p.fetch.ZeroPage(start, length, uffd.ZeroPageDontWake)
 	return errors.Is(err, unix.EEXIST)
 }
 
