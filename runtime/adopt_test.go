@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/farmem/farmem/backend"
+	"github.com/farmem/farmem/fetcher"
 	"github.com/farmem/farmem/pagetable"
 	"github.com/farmem/farmem/uffd"
 )
@@ -40,6 +41,21 @@ func writtenRegistered(t *testing.T, n int) (mem []byte, start uint64, fd int) {
 	return mem, start, fd
 }
 
+// adoptee is this process as a served Process on uffd fd with table, and the fetcher whose gate
+// adopt asks through (no fault thread).
+func adoptee(t *testing.T, fd int, table *pagetable.PageTable) *Process {
+	t.Helper()
+	p := &Process{fd: fd, table: table}
+	p.pid.Store(int32(os.Getpid()))
+	f, err := fetcher.New(fetcher.Config{UFFD: fd, Table: table, Backend: backend.NewMemory(), Host: p, Stats: &fetcher.Stats{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	p.fetch = f
+	return p
+}
+
 // A page of a registered range that a MAP_FIXED replaced, before the range's present pages were
 // adopted, is in a mapping nobody registered: adopting it would let it be evicted, and the
 // program would then read the kernel's zero page there instead of faulting. adopt takes every
@@ -57,8 +73,7 @@ func TestAdoptTakesOnlyRegisteredPages(t *testing.T) {
 	mem[replaced*PageSize] = 99
 
 	var resident atomic.Int64
-	p := &Process{fd: fd, table: pagetable.New(&resident, pagetable.NewSlots(backend.NewMemory()))}
-	p.pid.Store(int32(os.Getpid()))
+	p := adoptee(t, fd, pagetable.New(&resident, pagetable.NewSlots(backend.NewMemory())))
 	adopted, err := p.adopt(start, pages*PageSize)
 	if err != nil {
 		t.Fatal(err)
@@ -94,8 +109,7 @@ func TestAdoptLeavesPagesBeingDiscarded(t *testing.T) {
 	const pages = 8
 	_, start, fd := writtenRegistered(t, pages)
 	var resident atomic.Int64
-	p := &Process{fd: fd, table: pagetable.New(&resident, pagetable.NewSlots(backend.NewMemory()))}
-	p.pid.Store(int32(os.Getpid()))
+	p := adoptee(t, fd, pagetable.New(&resident, pagetable.NewSlots(backend.NewMemory())))
 	const lo, hi = 3, 5 // the discard's pages
 	p.table.Lock()
 	p.table.Removed(start+lo*PageSize, start+hi*PageSize, time.Now())
