@@ -341,7 +341,7 @@ func attachForking(t *testing.T, capSize string, cmd *exec.Cmd) {
 	_, forks1, _ := a.check(t)
 	time.Sleep(300 * time.Millisecond)
 	if _, forks, bad := a.check(t); bad != 0 || forks == forks1 {
-		t.Fatalf("after the detach: %d forks since, %d wrong", forks-forks1, bad)
+		t.Fatalf("after the detach: %d forks since, %d wrong\n%s", forks-forks1, bad, stderr)
 	}
 	a.exit(t)
 }

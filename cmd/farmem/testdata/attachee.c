@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -56,6 +57,24 @@ static int ok(size_t p)
 	return 1;
 }
 
+/* say writes a line to stderr with one write: a fork child has nothing of stdio's it may use. */
+static void say(const char *fmt, ...)
+{
+	char line[128];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	if (n > 0) (void)!write(2, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+/* wrong_exit ends a fork child that found page p wrong, saying which check found it. */
+static void wrong_exit(const char *check, size_t p)
+{
+	say("attachee: fork child %d: %s page %zu wrong\n", (int)getpid(), check, p);
+	_exit(1);
+}
+
 static void *forker(void *arg)
 {
 	(void)arg;
@@ -66,13 +85,13 @@ static void *forker(void *arg)
 		pid_t c = raw ? (pid_t)syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0) : fork();
 		if (c == 0) {
 			for (size_t p = 0; p < npages; p += 8)
-				if (!ok(p)) _exit(1);
+				if (!ok(p)) wrong_exit("inherited", p);
 			for (size_t p = 3; p < npages; p += 64) {
 				gen[p]++;
 				fill(p);
 			}
 			for (size_t p = 3; p < npages; p += 64)
-				if (!ok(p)) _exit(1);
+				if (!ok(p)) wrong_exit("rewritten", p);
 			_exit(0);
 		}
 		if (churners) pthread_mutex_unlock(&mu);
@@ -80,7 +99,10 @@ static void *forker(void *arg)
 		int st;
 		if (waitpid(c, &st, 0) == c) {
 			__atomic_add_fetch(&forks, 1, __ATOMIC_RELAXED);
-			if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) __atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
+			if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+				__atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
+				if (WIFSIGNALED(st)) say("attachee: fork child %d killed by signal %d\n", (int)c, WTERMSIG(st));
+			}
 		}
 	}
 	return NULL;
@@ -94,7 +116,10 @@ static void *churn(void *arg)
 		r = mix(r);
 		size_t p = r % npages;
 		pthread_mutex_lock(&mu);
-		if (!ok(p)) __atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
+		if (!ok(p)) {
+			__atomic_add_fetch(&bad, 1, __ATOMIC_RELAXED);
+			say("attachee: churned page %zu wrong\n", p);
+		}
 		if (r & 1) {
 			gen[p]++;
 			fill(p);
