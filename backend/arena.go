@@ -25,9 +25,9 @@ import (
 // memory can also be mapped by another process: Memory keeps each served process's pages in one
 // (see Space). Its trims punch the freed pages out of the file (MADV_REMOVE): dropping a shared
 // mapping's pages would leave them in the file. The file is mapped, not written and read with
-// pwrite and pread, though on a PVM guest a page's first write through the mapping costs three
-// times a pwrite's: that only pays while the store grows, and every load would pay a system
-// call on the fault's path instead; scans ran 0.83-0.93x as fast that way (results/storefile.md).
+// pwrite and pread, though on a PVM guest a page's first write through a mapping costs more
+// than a pwrite: that saves only while the store grows, and every load would pay a system call
+// on the fault's path instead (results/storefile.md).
 //
 // An arena has no lock of its own: its owner's lock protects every field, except rel between
 // takeTrim and endTrim, which belongs to the owner's trimmer alone.

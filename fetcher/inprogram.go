@@ -127,10 +127,9 @@ func forkFD(oob []byte) int {
 // topUp reads the agent's posts and gives it room again, once it has used half its grant: room
 // the agent holds is counted resident, so the evictor makes it as for the program's own faults.
 // The room comes from below the evictor's high watermark, as a prefetch's does, so that what
-// lies between it and the cap stays for the faults farmem serves while a batch runs. An agent
-// left short is the evictor's to make room for, as for a fault that waited at the cap: without
-// that the evictor kept only the little room it starts with, and the agent sent on most of its
-// faults.
+// lies between it and the cap stays for the faults farmem serves while a batch runs. The
+// evictor keeps little room until faults wait for it, and an agent with none sends its faults
+// on, a switch more each: so an agent left short counts as a fault that waited at the cap.
 func (f *Fetcher) topUp() {
 	in := f.in
 	if in == nil || in.closed {
