@@ -30,11 +30,11 @@ import (
 // served on its FORK event alone, with no pid yet, is (its parent's, which fork copies; an exec
 // places it anew). That is looked at as the kernel's process events tell of a fork by a served
 // process, for a moment after (guardForked, where farmem may listen to them), whoever the parent
-// is by then (it may have exited at once), and when the rescan finds one among a served
-// process's children. A child that says its hello later has two lifelines, which is harmless.
-// Not guarded: the children such a child forks, and one whose parent was gone before farmem
-// heard of the fork, or, where farmem hears no process events, before the rescan looked (it is
-// no longer among the served processes' children).
+// is by then (it may have exited at once, and have been retired before farmem reads the event:
+// servedOfLate), and when the rescan finds one among a served process's children. A child that
+// says its hello later has two lifelines, which is harmless. Not guarded: the children such a
+// child forks, and, where farmem hears no process events, one whose parent was gone before the
+// rescan looked (it is no longer among the served processes' children).
 
 // lifeline is one of farmem's making: the pipe's two ends, and the pidfd of the process it
 // guards, which says when it has exited.

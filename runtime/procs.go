@@ -314,6 +314,7 @@ func (rt *Runtime) retire(p *Process) {
 	delete(rt.procs, p)
 	if pid := p.Pid(); rt.byPid[pid] == p {
 		delete(rt.byPid, pid)
+		rt.retiredPids.add(pid)
 	}
 	// A child that has not said hello yet may still: a daemon's parent exits as soon as it has
 	// forked, and the child's hello finds its event by its fork probe, whoever its parent is
@@ -405,6 +406,34 @@ func (rt *Runtime) retireSilentForkChildren(procs []evictor.Target) {
 			rt.retireGone(p)
 		}
 	}
+}
+
+// servedOfLate reports whether process pid is served, or was until a moment ago: the kernel's
+// event for a fork it made may be read only after it exited.
+func (rt *Runtime) servedOfLate(pid int) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.byPid[pid] != nil || rt.retiredPids.has(pid)
+}
+
+// pidRing holds the last len(pids) pids added to it.
+type pidRing struct {
+	pids [256]int
+	next int
+}
+
+func (r *pidRing) add(pid int) {
+	r.pids[r.next%len(r.pids)] = pid
+	r.next++
+}
+
+func (r *pidRing) has(pid int) bool {
+	for _, p := range r.pids[:min(r.next, len(r.pids))] {
+		if p == pid {
+			return true
+		}
+	}
+	return false
 }
 
 // anyServed reports whether f holds for a process served; f runs under rt.mu and takes nothing.

@@ -134,6 +134,9 @@ type Runtime struct {
 	// images: the exec'd images serveImage is deciding on or named unserved, by pid, each the
 	// vDSO's address in it (a new exec of that pid maps it elsewhere). Protected by mu.
 	images map[int]uint64
+	// retiredPids: the pids of the last processes retired, which the kernel's events of their
+	// forks may still be on their way (servedOfLate). Protected by mu.
+	retiredPids pidRing
 	// retiring counts retires between leaving procs and having released everything the
 	// process held (slots, fds). A process is live until then: the backend must outlive the
 	// last slot release, so Live and Close wait for these too. Protected by mu; retired is

@@ -73,7 +73,7 @@ func (rt *Runtime) watchEvents(evs *procevents.Events) {
 				rt.serveIfUnseen(ev.Pid, p)
 			}
 		case procevents.Fork:
-			if rt.Lookup(ev.Parent) != nil {
+			if rt.servedOfLate(ev.Parent) {
 				go rt.guardForked(ev.Pid)
 			}
 		}

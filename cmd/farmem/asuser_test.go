@@ -409,7 +409,7 @@ func silentChildDiesWithFarmem(t *testing.T, how string) {
 		t.Fatalf("the child %d still runs 10 s after farmem was killed", child)
 	}
 	if b, err := os.ReadFile(verdict); err == nil {
-		t.Fatalf("the child outlived farmem and wrote %q", b)
+		t.Fatalf("the child outlived farmem and wrote %q\nfarmem said:\n%s", b, stderr.String())
 	}
 }
 
