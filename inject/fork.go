@@ -55,6 +55,7 @@ func CatchFork(tid int, proceed func() error) (*Tracee, error) {
 			continue
 		}
 		if err != nil {
+			killBornStopped()
 			return nil, fmt.Errorf("inject: wait for thread %d: %w", tid, err)
 		}
 		if pid == tid && (ws.Exited() || ws.Signaled()) {
@@ -86,6 +87,7 @@ func CatchFork(tid int, proceed func() error) (*Tracee, error) {
 		}
 		if now := time.Now(); !interrupted && (now.After(patience) || inOtherCall(tid)) {
 			if err := unix.PtraceInterrupt(tid); err != nil {
+				killBornStopped()
 				return nil, fmt.Errorf("inject: PTRACE_INTERRUPT of thread %d: %w", tid, err)
 			}
 			interrupted = true
@@ -159,9 +161,13 @@ func killBornStopped() (child int) {
 }
 
 // release lets a seized thread go: interrupted to a stop, then detached. A child its fork made
-// meanwhile is farmem's to enter, and nobody will: it is killed before it runs.
+// meanwhile is farmem's to enter, and nobody will: it is killed before it runs, also where the
+// thread can no longer be interrupted (it is exiting with its process, its fork event never
+// reported), which would otherwise leave the child stopped until farmem's end, holding copies of
+// its parent's descriptors (the agent's socket, whose end farmem's requests wait for).
 func release(tid int) {
 	if unix.PtraceInterrupt(tid) != nil {
+		killBornStopped()
 		return
 	}
 	for {
