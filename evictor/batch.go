@@ -29,6 +29,7 @@ type batch struct {
 	victims    []uint64           // sorted by address
 	ents       []*pagetable.Entry // the victims' entries, by pointer (see pagetable's doc)
 	victimRuns []Run              // the victims' contiguous runs
+	layout     uint64             // the layout events the table had applied at the choice
 
 	// The move (move.go).
 	status      []byte   // the agent's move status of each victim
@@ -149,6 +150,7 @@ func (b *batch) choose(want int) bool {
 	b.tb.Lock()
 	b.tb.Drain(nil) // the pages the agent installed are resident, and may be victims
 	b.victims = b.tb.Victims(want, b.victims)
+	b.layout = b.tb.Layout()
 	b.ents = b.ents[:0]
 	for i, p := range b.victims {
 		en := b.tb.Get(p)

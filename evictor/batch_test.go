@@ -71,6 +71,8 @@ type fakeProc struct {
 	removed  chan uint64   // the start of each REMOVE the reader applied
 	failed   error         // Fail's error
 	odd      atomic.Value  // a fault the reader could not serve (string)
+	// beforeMove, if set, runs as the agent starts a move: a layout event read then.
+	beforeMove func()
 }
 
 // hookBackend is a backend that runs onStore, once, as the batch stores: between the copy out
@@ -132,9 +134,23 @@ func (p *fakeProc) Drop(runs []Run) error {
 }
 
 // Move is the agent's UFFDIO_MOVE of each page, in order, to consecutive staging pages from
-// dst on, issued on the staging area's uffd as the shim does. A page in status is not tried:
-// its status is reported as if the kernel had refused it.
-func (p *fakeProc) Move(runs []Run, dst uint64, status []byte) error {
+// dst on, issued on the staging area's uffd. A page in status is not tried: its status is
+// reported as if the kernel had refused it. As the agent does, it moves nothing once the page
+// table has applied a layout event after the layout-th (ESTALE); here, the event beforeMove
+// makes, there, one read under the fence.
+func (p *fakeProc) Move(runs []Run, dst uint64, layout uint64, status []byte) error {
+	if p.beforeMove != nil {
+		p.beforeMove()
+	}
+	p.tb.Lock()
+	stale := p.tb.Layout() != layout
+	p.tb.Unlock()
+	if stale {
+		for k := range status {
+			status[k] = byte(unix.ESTALE)
+		}
+		return nil
+	}
 	k := 0
 	for _, r := range runs {
 		for a := r.Addr; a < r.Addr+r.Len; a += ps {
@@ -613,6 +629,56 @@ func TestBatchMove(t *testing.T) {
 	}
 	if r := p.resident.Load(); r != 2 {
 		t.Errorf("resident %d, want 2: the page reported absent, the page discarded and written again", r)
+	}
+}
+
+// A batch whose victims' layout changed between the choice and the move (the agent read a
+// layout event: ESTALE) evicts none of them and loses none: each is left resident, with its
+// content, and queued again, and the next batch takes them all.
+func TestBatchMoveStale(t *testing.T) {
+	p := newFakeProc(t, true)
+	p.beforeMove = func() {
+		p.tb.Lock()
+		p.tb.LayoutChanged(1)
+		p.tb.Unlock()
+	}
+	e, rec := evict(t, p)
+	n := victims()
+	if rec.Victims != n || rec.Staged != 0 || e.Stats.Stale.Load() != int64(n) {
+		t.Errorf("victims %d, staged %d, stale %d; want %d, 0, %d", rec.Victims, rec.Staged, e.Stats.Stale.Load(), n, n)
+	}
+	here := present(t, p.mem)
+	p.tb.Lock()
+	for i, k := range layout {
+		if k == untouched {
+			continue
+		}
+		if en := p.tb.Get(p.page(i)); en == nil || en.State != pagetable.Resident || en.Stage != 0 || !here[i] {
+			t.Errorf("page %d (kind %d): entry %+v, present %v; want left Resident and present", i, k, en, here[i])
+		}
+	}
+	p.tb.Unlock()
+	for i, k := range layout {
+		want := content(i, 0)
+		switch k {
+		case untouched:
+			continue
+		case zero:
+			want = make([]byte, ps)
+		case guessNew:
+			want = content(i, 1)
+		}
+		if !bytes.Equal(p.bytes(i), want) {
+			t.Errorf("page %d (kind %d): content changed by a stale batch", i, k)
+		}
+	}
+	if r := p.resident.Load(); r != int64(n) {
+		t.Errorf("resident %d, want %d", r, n)
+	}
+	p.beforeMove = nil
+	_, rec = evict(t, p)
+	if rec.Victims != n || rec.Staged != n-3 { // refused, refusedClean, absent
+		t.Errorf("the next batch: victims %d, staged %d; want %d, %d", rec.Victims, rec.Staged, n, n-3)
 	}
 }
 

@@ -63,9 +63,11 @@
 // why it is not the probe's 4.5 µs a run"). A random victim set is nearly a run a page. The
 // move stays inside the program's process (it still flushes each page from the TLB:
 // probes/movecost.c, and results/eviction.md, "Moving victims out instead of dropping them"),
-// needs no protection (a moved page is out of the program's reach: a fault on it is served
-// from its staging copy, which nothing changes), and raises no REMOVE at all: the staging area
-// is registered on a uffd of the agent's own. The kernel refuses to move a page still shared with a fork child (EBUSY: redis's
+// and needs no protection (a moved page is out of the program's reach: a fault on it is served
+// from its staging copy, which nothing changes). It is issued on the program's uffd, where the
+// staging area is registered, and is made only while no layout event came after the choice
+// (Target.Move, pubtable.Fence): an address chosen may hold another page after the program's
+// mremaps. The kernel refuses to move a page still shared with a fork child (EBUSY: redis's
 // cold pages after a BGSAVE, until written), and a fork child that inherited its parent's
 // staging area moves nothing; those go the drop way.
 //

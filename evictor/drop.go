@@ -100,7 +100,7 @@ func (b *batch) dropOut() error {
 	b.removes = len(b.dropRuns) // one REMOVE event a run dropped from the program
 	if b.moved > 0 {
 		// The whole used part of the staging area, in one run whatever the victims' spread
-		// (and with no REMOVE event: see Target.Staging). It holds nothing of the program's any
+		// (its REMOVE event is no layout change: see Target.Staging). It holds nothing of the program's any
 		// more: committed pages, and those the program discarded after they moved. Left
 		// there, a page would refuse the next batch's move to its index (EEXIST).
 		b.dropRuns = append(b.dropRuns, Run{b.base, uint64(b.moved) * uffd.PageSize})

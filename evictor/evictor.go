@@ -25,13 +25,16 @@ type Target interface {
 	// Drop asks the process's agent to madvise(DONTNEED) runs and waits for it.
 	Drop(runs []Run) error
 	// Staging returns the process's staging area, BatchPages pages made on first use, or 0 if
-	// its pages cannot be moved (a fork child; a kernel without UFFDIO_MOVE). Its drop raises
-	// no REMOVE event: it is registered on a uffd of the agent's own, with no features.
+	// its pages cannot be moved (a fork child; a kernel without UFFDIO_MOVE). It is registered
+	// on the process's uffd; the REMOVE event of its drop is no change to the layout (the page
+	// table's Layout does not count it).
 	Staging() uint64
 	// Move asks the process's agent to UFFDIO_MOVE runs, page after page, into the staging
 	// area from dst on, and waits for it. status[k] is 0 if the k-th page moved, else the
-	// errno that kept it in the program.
-	Move(runs []Run, dst uint64, status []byte) error
+	// errno that kept it in the program: ESTALE if a layout event was read after the
+	// layout-th, the last the page table had applied when the batch chose its victims (the
+	// page at the victim's address may be another's by then: pubtable.Fence).
+	Move(runs []Run, dst uint64, layout uint64, status []byte) error
 	// Fail stops the process with a message (a page could not be evicted safely).
 	Fail(err error)
 	// WakeIfWaiting tells the process's fault thread that a batch finished: faults waiting

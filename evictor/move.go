@@ -14,11 +14,18 @@ import (
 // it, so it needs no write-protect, and the batch's drop of it is one range, the staging
 // area's, not one per run. What the move leaves in the program is rest, for the drop way.
 //
+// The agent moves a victim only while the program's layout is still the one the choice saw
+// (Target.Move): after a layout event its address may hold another page, which a move would
+// take for the victim, and the commit, which finds the victim by its entry, would record the
+// other page evicted as the victim's while it says the other resident.
+//
 // Each victim ends in one of these, decided under the page-table lock once the agent answered:
 //
 //	moved, still Staged            staged (and stagedDirty unless clean: its slot is current)
 //	no longer Staged               discarded by the program meanwhile (Discard set State 0):
 //	                               whatever moved is junk now; not touched again
+//	not moved, ESTALE              Unstaged and requeued, still in the program (a REMAP
+//	                               requeued it where it moved): a later batch takes it
 //	not moved, ENOENT              absent from the program: left Resident and off the queue
 //	not moved, any other errno     Unstaged, still in the program: rest
 //
@@ -29,7 +36,7 @@ func (e *Evictor) moveOut(b *batch) error {
 		return nil
 	}
 	status := b.status[:len(b.victims)]
-	if err := b.t.Move(b.victimRuns, b.base, status); err != nil {
+	if err := b.t.Move(b.victimRuns, b.base, b.layout, status); err != nil {
 		if errors.Is(err, ErrGone) {
 			return ErrGone
 		}
@@ -49,12 +56,17 @@ func (e *Evictor) moveOut(b *batch) error {
 				b.stagedDirty = append(b.stagedDirty, len(b.staged))
 			}
 			b.staged = append(b.staged, i)
+		case status[i] == byte(unix.ESTALE):
+			b.tb.Unstage(b.victims[i], en)
+			if b.tb.Get(b.victims[i]) == en {
+				b.tb.Requeue(b.victims[i])
+			}
+			e.Stats.Stale.Add(1)
 		case status[i] == byte(unix.ENOENT):
-			// Absent from the program while still Staged: moved by an mremap whose REMAP
-			// event is not read yet (the kernel sends it after moving the pages), or a record
-			// gone wrong. It must not be read: the read would fault. Left Resident and off the
-			// queue: the REMAP event re-keys it to where the page is; if the record is wrong,
-			// the next fault on it finds it absent and stops the program (missing).
+			// Absent from the program while still Staged, with no layout event since the
+			// choice (that would be ESTALE): a record gone wrong. It must not be read: the
+			// read would fault. Left Resident and off the queue: the next fault on it finds
+			// it absent and stops the program (missing).
 			b.tb.Unstage(b.victims[i], en)
 			e.Stats.Absent.Add(1)
 		default:

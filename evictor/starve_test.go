@@ -13,18 +13,18 @@ import (
 // it can be evicted.
 type noAgent struct{ tb *pagetable.PageTable }
 
-func (n *noAgent) Pid() int                                    { return 1 }
-func (n *noAgent) UFFD() int                                   { return -1 }
-func (n *noAgent) Table() *pagetable.PageTable                 { return n.tb }
-func (n *noAgent) CanEvict() bool                              { return false }
-func (n *noAgent) Space() backend.Space                        { return 0 }
-func (n *noAgent) Drop([]Run) error                            { return ErrGone }
-func (n *noAgent) Staging() uint64                             { return 0 }
-func (n *noAgent) Move(runs []Run, dst uint64, s []byte) error { return ErrGone }
-func (n *noAgent) Fail(error)                                  {}
-func (n *noAgent) WakeIfWaiting()                              {}
-func (n *noAgent) Hold() bool                                  { return true }
-func (n *noAgent) Release()                                    {}
+func (n *noAgent) Pid() int                                                   { return 1 }
+func (n *noAgent) UFFD() int                                                  { return -1 }
+func (n *noAgent) Table() *pagetable.PageTable                                { return n.tb }
+func (n *noAgent) CanEvict() bool                                             { return false }
+func (n *noAgent) Space() backend.Space                                       { return 0 }
+func (n *noAgent) Drop([]Run) error                                           { return ErrGone }
+func (n *noAgent) Staging() uint64                                            { return 0 }
+func (n *noAgent) Move(runs []Run, dst uint64, layout uint64, s []byte) error { return ErrGone }
+func (n *noAgent) Fail(error)                                                 {}
+func (n *noAgent) WakeIfWaiting()                                             {}
+func (n *noAgent) Hold() bool                                                 { return true }
+func (n *noAgent) Release()                                                   {}
 
 // Over the cap with nothing it can take, the evictor says it is starved (faults waiting for
 // room would wait for ever); below its high watermark again, it is not.

@@ -42,7 +42,10 @@ type Stats struct {
 	// Absent counts victims the move found absent from the program (ENOENT) though the page
 	// table holds them resident: left alone rather than read (see moveOut).
 	Absent atomic.Int64
-	Batch  latency.Histogram // one batch, victim choice to wake
+	// Stale counts victims left in the program because the program's layout changed between
+	// the choice and their move (ESTALE: see moveOut).
+	Stale atomic.Int64
+	Batch latency.Histogram // one batch, victim choice to wake
 	// StageTime is the time all batches spent in each stage (Stage*), in nanoseconds: where a
 	// batch's time goes, for the run summary, whether or not batches are traced.
 	StageTime [NumStages]atomic.Int64

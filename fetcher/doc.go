@@ -34,6 +34,10 @@
 //	                         the evictor's choice of victims let it go first (pagetable's
 //	                         lock.go)
 //	PrefetchCache.mu         taken under the page table's lock, never the other way
+//	pubtable.Fence's lock    the move fence's, shared with the agent: taken under the page
+//	                         table's lock across each read of the uffd by the fault thread
+//	                         (read), and by the agent across each move of victims, which
+//	                         waits on nothing of farmem's (agent.h, move_runs)
 //
 // Nothing here holds a lock across a wait on the program, nor across the install of a page
 // read back, whose wake runs the program on this CPU until its next fault (installUnlocked).

@@ -80,6 +80,8 @@ type Config struct {
 	Epoch  time.Time
 	// Tracing, if set, hands sampled and slow faults to its Tracer (tracing.go).
 	Tracing *Tracing
+	// Fence, if set, is the process's move fence: the uffd is read under its lock (read).
+	Fence *pubtable.Fence
 }
 
 // Fetcher serves one process's faults.
@@ -93,6 +95,7 @@ type Fetcher struct {
 	record  *faulttrace.Writer
 	epoch   time.Time
 	tracing *Tracing
+	fence   *pubtable.Fence // nil: none
 
 	stop int // eventfd that ends the fault thread
 	room int // eventfd written by Wake
@@ -137,7 +140,7 @@ func New(cfg Config) (*Fetcher, error) {
 	}
 	f := &Fetcher{
 		fd: cfg.UFFD, table: cfg.Table, store: cfg.Backend, host: cfg.Host, stats: cfg.Stats,
-		cache: cfg.Cache, record: cfg.Record, epoch: cfg.Epoch, tracing: cfg.Tracing,
+		cache: cfg.Cache, record: cfg.Record, epoch: cfg.Epoch, tracing: cfg.Tracing, fence: cfg.Fence,
 		stop: stop, room: room, done: make(chan struct{}),
 	}
 	f.clock.on = cfg.Tracing != nil

@@ -165,6 +165,10 @@ func (f *Fetcher) serve() {
 // Once the agent reads the uffd (inprogram.go), the messages are those it sent on, and what it
 // installed before it sent them is read first; the events applied are counted on the control
 // page, which lets the agent serve faults again.
+//
+// The uffd is read under the move fence's lock, and the layout events read are counted there
+// and in the table (pubtable.Fence says why). The agent's drops of the staging area are no
+// layout events: their REMOVEs are passed over (the agent's fault thread does not send them on).
 func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 	f.table.LockForFault()
 	var n int
@@ -173,19 +177,31 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 		n, err = f.in.recv(msgs)
 		f.table.Drain(f.in.faulted)
 	} else {
+		if f.fence != nil {
+			f.fence.Lock()
+		}
 		n, err = uffd.ReadMsgs(f.fd, msgs)
+		if f.fence != nil {
+			if err == nil {
+				f.fence.Read(f.layoutEvents(msgs[:n]))
+			}
+			f.fence.Unlock()
+		}
 	}
 	if err != nil || n == 0 {
 		f.table.Unlock()
 		return n, err
 	}
 	var forks []*pagetable.PageTable // the FORK events' tables, in their order
-	events := 0
+	events := f.layoutEvents(msgs[:n])
+	f.table.LayoutChanged(events)
+	var staged uint64 // bit i: message i is a drop of the staging area (len(msgs) <= 64)
 	for i := range msgs[:n] {
-		if msgs[i].Event() != uffd.EventPagefault {
-			events++
-		}
 		m := &msgs[i]
+		if f.stagingRemove(m) {
+			staged |= 1 << i
+			continue
+		}
 		switch m.Event() {
 		case uffd.EventRemove:
 			s, e := m.Range()
@@ -208,6 +224,9 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 	// starts serving the child; its faults queue on its uffd meanwhile).
 	for i := range msgs[:n] {
 		m := &msgs[i]
+		if staged&(1<<i) != 0 {
+			continue
+		}
 		switch m.Event() {
 		case uffd.EventRemove:
 			f.stats.Removes.Add(1)
@@ -222,6 +241,28 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// layoutEvents counts the layout events among msgs: every event but the staging area's drops.
+// The table is locked.
+func (f *Fetcher) layoutEvents(msgs []uffd.Msg) int {
+	n := 0
+	for i := range msgs {
+		if msgs[i].Event() != uffd.EventPagefault && !f.stagingRemove(&msgs[i]) {
+			n++
+		}
+	}
+	return n
+}
+
+// stagingRemove reports whether m is the REMOVE event of the agent's drop of the staging area.
+// The table is locked.
+func (f *Fetcher) stagingRemove(m *uffd.Msg) bool {
+	if m.Event() != uffd.EventRemove {
+		return false
+	}
+	s, e := m.Range()
+	return f.table.InStaging(s) && f.table.InStaging(e-1)
 }
 
 // fault serves one page-fault message read at since (earlier than now if it had to wait).

@@ -119,7 +119,7 @@ func readByte(b []byte) <-chan byte {
 func TestFaultOnStagedVictim(t *testing.T) {
 	const n = 4
 	progMem, prog, progFD := mapRegistered(t, n)
-	_, stage, stageFD := mapRegistered(t, n) // the agent's staging area, on a uffd of its own
+	_, stage, stageFD := mapRegistered(t, n) // a staging area (on a uffd of its own here)
 	be, tb := storeAndTable(t)
 	tb.SetStaging(stage, stage+n*ps)
 	page := fillPages(t, progFD, prog, n)

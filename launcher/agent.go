@@ -61,6 +61,13 @@ func (a *agentConn) ask(m msg) (msg, int, error) {
 	return a.exchange(msgSize)
 }
 
+// askFD is ask with descriptor fd passed along.
+func (a *agentConn) askFD(m msg, fd int) (msg, int, error) {
+	m.Version = protoVersion
+	m.encode(a.buf[:msgSize])
+	return a.exchangeRights(msgSize, unix.UnixRights(fd))
+}
+
 // askRuns sends the agent m with runs after its header and returns the answer (its body, if any,
 // is a.buf[msgSize:a.n]); a.mu must be held.
 func (a *agentConn) askRuns(m msg, runs []evictor.Run) (msg, error) {
@@ -76,11 +83,14 @@ func (a *agentConn) askRuns(m msg, runs []evictor.Run) (msg, error) {
 
 // exchange sends buf's first n bytes as one message and reads the answer into buf; a.mu must be
 // held.
-func (a *agentConn) exchange(n int) (msg, int, error) {
+func (a *agentConn) exchange(n int) (msg, int, error) { return a.exchangeRights(n, nil) }
+
+// exchangeRights is exchange with rights (unix.UnixRights) passed along the message.
+func (a *agentConn) exchangeRights(n int, rights []byte) (msg, int, error) {
 	if a.fd < 0 {
 		return msg{}, -1, evictor.ErrGone
 	}
-	if err := retryEINTR(func() error { _, err := unix.Write(a.fd, a.buf[:n]); return err }); err != nil {
+	if err := retryEINTR(func() error { return unix.Sendmsg(a.fd, a.buf[:n], rights, nil, 0) }); err != nil {
 		return msg{}, -1, evictor.ErrGone
 	}
 	var got, oobn int
@@ -139,8 +149,9 @@ func (a *agentConn) Drop(runs []evictor.Run) error {
 }
 
 // Move implements runtime.Agent: the agent moves the runs' pages, in order, to consecutive
-// pages from dst on, and answers a status byte per page (0 moved, else its errno).
-func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
+// pages from dst on, while no layout event after the layout-th is read, and answers a status
+// byte per page (0 moved, else its errno).
+func (a *agentConn) Move(runs []evictor.Run, dst uint64, layout uint64, status []byte) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	done := 0 // pages asked for so far
@@ -156,7 +167,7 @@ func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
 		if done+pages > len(status) {
 			return fmt.Errorf("%d pages to move, status for %d", done+pages, len(status))
 		}
-		m, err := a.askRuns(msg{Type: msgMove, N: int32(k), A: dst + uint64(done)*pageSize, B: uint64(pages)}, runs[:k])
+		m, err := a.askRuns(msg{Type: msgMove, N: int32(k), A: dst + uint64(done)*pageSize, B: uint64(pages), C: layout}, runs[:k])
 		if err != nil {
 			return err
 		}
@@ -171,11 +182,12 @@ func (a *agentConn) Move(runs []evictor.Run, dst uint64, status []byte) error {
 	return nil
 }
 
-// Staging implements runtime.Agent: the agent maps the staging area (shim.c, make_staging).
-func (a *agentConn) Staging(bytes uint64) (uint64, error) {
+// Staging implements runtime.Agent: the agent maps the staging area and the move fence
+// (agent.h, make_staging).
+func (a *agentConn) Staging(bytes uint64, fence int) (uint64, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m, _, err := a.ask(msg{Type: msgStaging, A: bytes})
+	m, _, err := a.askFD(msg{Type: msgStaging, A: bytes}, fence)
 	if err != nil {
 		return 0, err
 	}

@@ -58,7 +58,7 @@ func TestAgentConnCloseEndsRequestInFlight(t *testing.T) {
 	a, _ := agentPair(t)
 	done := make(chan error, 1)
 	go func() {
-		done <- a.Move([]evictor.Run{{Addr: 1 << 30, Len: pageSize}}, 2<<30, make([]byte, 1))
+		done <- a.Move([]evictor.Run{{Addr: 1 << 30, Len: pageSize}}, 2<<30, 0, make([]byte, 1))
 	}()
 	time.Sleep(50 * time.Millisecond) // let Move block in recvmsg (if it has not, Close still ends it)
 	a.Close()
@@ -70,7 +70,7 @@ func TestAgentConnCloseEndsRequestInFlight(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Move still blocked after Close")
 	}
-	if _, err := a.Staging(1 << 20); !errors.Is(err, evictor.ErrGone) {
+	if _, err := a.Staging(1<<20, 0); !errors.Is(err, evictor.ErrGone) {
 		t.Fatalf("Staging after Close = %v, want ErrGone", err)
 	}
 }

@@ -37,7 +37,7 @@ const (
 	msgFaults      = 21
 	msgFaultsOK    = 22
 
-	protoVersion = 7
+	protoVersion = 8
 	msgSize      = 40
 	maxRuns      = 128
 	maxMovePages = 256 // pages one MOVE message may cover (shim.c's status buffer)

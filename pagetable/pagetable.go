@@ -148,6 +148,10 @@ type PageTable struct {
 	// program's. Protected by mu.
 	staging, stagingEnd uint64
 	discards            []discard // protected by mu; the program's REMOVEs of the last ZapLag, oldest first
+	// layout counts the layout events (REMOVE, UNMAP, REMAP, FORK) applied to the table, the
+	// agent's drops of the staging area aside: an eviction batch's moves are made only while
+	// no more were read from the uffd (pubtable.Fence). Protected by mu; 0 in a fork child's.
+	layout uint64
 	// pub keeps the words of the process's agent table (published.go); nil: no table. Set by
 	// Publish and Unpublish; protected by mu, as are the words farmem writes.
 	pub *publisher
@@ -585,6 +589,12 @@ func (t *PageTable) SetStaging(start, end uint64) { t.staging, t.stagingEnd = st
 
 // Staging returns the staging area (0, 0: none).
 func (t *PageTable) Staging() (start, end uint64) { return t.staging, t.stagingEnd }
+
+// LayoutChanged counts n more layout events applied to the table.
+func (t *PageTable) LayoutChanged(n int) { t.layout += uint64(n) }
+
+// Layout is the number of layout events applied to the table.
+func (t *PageTable) Layout() uint64 { return t.layout }
 
 // InStaging reports whether page is in the staging area.
 func (t *PageTable) InStaging(page uint64) bool { return page >= t.staging && page < t.stagingEnd }

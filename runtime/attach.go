@@ -244,7 +244,7 @@ func (p *Process) DetachAgent() error {
 // Unregister unregisters every range of p registered with its uffd (as /proc/PID/smaps shows
 // them: a registration moves and splits with its mapping), which also lifts every page's write
 // protection; p's faults are then the kernel's own again. Call it with p's threads stopped,
-// after DetachAgent (the staging area, registered on the agent's own uffd, is gone).
+// after DetachAgent (the staging area, unregistered by the agent, is gone).
 func (p *Process) Unregister() error {
 	ranges, err := procfs.UffdRanges(p.Pid())
 	if err != nil {

@@ -50,6 +50,9 @@
 //	                    also guards farmem's writes of the process's agent table (pubtable),
 //	                    whose words the agent changes only by compare and swap
 //	PrefetchCache.mu    cache mode's prefetch cache, looked up under the page table's lock
+//	Process.fence       the move fence's lock (pubtable.Fence), shared with the agent: the fault
+//	                    thread holds it under the page table's lock across each read of the uffd;
+//	                    the agent, across each move of victims, which waits on nothing
 //	lifelines.mu        farmem's own lifelines (lifelines.go), held while one is made, which
 //	                    looks at the process registry
 //	Runtime.mu          the process registry and the first failure; nothing is taken under it,

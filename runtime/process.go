@@ -23,9 +23,10 @@ type Agent interface {
 	// Drop has the agent madvise(DONTNEED) runs and waits for it.
 	Drop(runs []evictor.Run) error
 	// Move has the agent UFFDIO_MOVE runs into the staging area from dst on (evictor.Target).
-	Move(runs []evictor.Run, dst uint64, status []byte) error
-	// Staging has the agent map a staging area of bytes and returns its address.
-	Staging(bytes uint64) (uint64, error)
+	Move(runs []evictor.Run, dst uint64, layout uint64, status []byte) error
+	// Staging has the agent map a staging area of bytes, registered on the process's uffd, and
+	// the move fence (its memfd, fence), and returns the area's address.
+	Staging(bytes uint64, fence int) (uint64, error)
 	// Filter has the agent install the mapping filter on every thread of its process and
 	// returns the filter's seccomp listener (mapfilter.go); with guardForks the filter also
 	// hands over the process's forks.
@@ -70,9 +71,12 @@ type Process struct {
 	// belong to the evictor goroutine.
 	staging   uint64
 	noStaging bool
-	mapMu     sync.Mutex // serializes the process's notified mmap calls (mapfilter.go)
-	brkMu     sync.Mutex // serializes the process's notified brk calls (mapfilter.go)
-	brk       int64      // protected by brkMu; the break the last of them left (0: not known yet)
+	// fence orders the agent's moves after the fault thread's reads of the uffd
+	// (pubtable.Fence); nil: none could be made. Set by newProcess, closed by retire.
+	fence *pubtable.Fence
+	mapMu sync.Mutex // serializes the process's notified mmap calls (mapfilter.go)
+	brkMu sync.Mutex // serializes the process's notified brk calls (mapfilter.go)
+	brk   int64      // protected by brkMu; the break the last of them left (0: not known yet)
 
 	// forkGate is held for writing while a fork the filter handed over is served (serveFork),
 	// and tried for reading by each batch's move (Move), which moves nothing if a fork holds it.
@@ -121,6 +125,7 @@ type Process struct {
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
 	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(&rt.Stats), registered: make(map[uint64]uint64),
 		filterDone: make(chan struct{})}
+	p.fence, _ = pubtable.NewFence() // none: the process has no staging area, and its victims are dropped
 	var pred prefetch.Prefetcher
 	if rt.cfg.NewPrefetcher != nil {
 		pred = rt.cfg.NewPrefetcher()
@@ -128,8 +133,12 @@ func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, err
 	f, err := fetcher.New(fetcher.Config{
 		UFFD: fd, Table: table, Backend: rt.cfg.Backend, Host: p, Stats: &rt.Stats.Stats,
 		Prefetcher: pred, Cache: rt.cache, Record: rt.cfg.Record, Epoch: rt.start, Tracing: rt.cfg.Tracing,
+		Fence: p.fence,
 	})
 	if err != nil {
+		if p.fence != nil {
+			p.fence.Close()
+		}
 		return nil, err
 	}
 	p.fetch = f
@@ -199,10 +208,11 @@ func (p *Process) Drop(runs []evictor.Run) error {
 	return a.Drop(runs)
 }
 
-// Staging implements evictor.Target. The agent maps and registers the area itself, on a
-// uffd of its own (shim.c, make_staging): its drop then raises no REMOVE event for our fault
-// thread to read. Not in a fork child that inherited its parent's area: that may hold the
-// parent's staged pages, which the child's table reads (pagetable's Stage).
+// Staging implements evictor.Target. The agent maps the area and registers it on the process's
+// uffd (agent.h, make_staging), where the kernel fences the moves into it with the program's
+// layout changes; the REMOVE event of its drop is passed over (fetcher's read). Not in a fork
+// child that inherited its parent's area: that may hold the parent's staged pages, which the
+// child's table reads (pagetable's Stage).
 func (p *Process) Staging() uint64 {
 	if p.staging != 0 || p.noStaging {
 		return p.staging
@@ -214,11 +224,11 @@ func (p *Process) Staging() uint64 {
 	p.table.Lock()
 	start, _ := p.table.Staging()
 	p.table.Unlock()
-	if a == nil || start != 0 {
+	if a == nil || start != 0 || p.fence == nil {
 		return 0
 	}
 	size := uint64(evictor.BatchPages * PageSize)
-	base, err := a.Staging(size)
+	base, err := a.Staging(size, p.fence.FD())
 	if err != nil {
 		return 0 // the drop way, then: slower, never wrong
 	}
@@ -230,7 +240,7 @@ func (p *Process) Staging() uint64 {
 }
 
 // Move implements evictor.Target.
-func (p *Process) Move(runs []evictor.Run, dst uint64, status []byte) error {
+func (p *Process) Move(runs []evictor.Run, dst uint64, layout uint64, status []byte) error {
 	p.agentMu.Lock()
 	a := p.agent
 	p.agentMu.Unlock()
@@ -248,7 +258,7 @@ func (p *Process) Move(runs []evictor.Run, dst uint64, status []byte) error {
 		return nil
 	}
 	defer p.forkGate.RUnlock()
-	err := a.Move(runs, dst, status)
+	err := a.Move(runs, dst, layout, status)
 	if err == nil && len(status) > 0 && (status[0] == byte(unix.ENOTTY) || status[0] == byte(unix.ENOSYS)) {
 		p.staging, p.noStaging = 0, true // a kernel before 6.8: no UFFDIO_MOVE
 	}

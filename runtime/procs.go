@@ -351,6 +351,9 @@ func (rt *Runtime) retire(p *Process) {
 		words.Close()
 	}
 	p.fetch.Close()
+	if p.fence != nil {
+		p.fence.Close()
+	}
 	if p.space != 0 {
 		rt.cfg.Backend.(backend.Spaces).EndSpace(p.space) // what a fork child shares stays until it frees it
 	}

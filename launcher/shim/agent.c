@@ -26,8 +26,8 @@ struct fm_params {
 	uint64_t stack_top; /* the agent thread's stack */
 	int32_t lifeline;   /* the read end of the program's lifeline (agent.h, make_lifeline) */
 	int32_t uffd_dev;   /* a /dev/userfaultfd descriptor farmem sent a process that may not open
-			     * the device (it runs as another user), or -1: the staging area's uffd and
-			     * a fork child's are made on it (agent.h, open_uffd) */
+			     * the device (it runs as another user), or -1: a fork child's uffd is
+			     * made on it (agent.h, open_uffd) */
 };
 __attribute__((used)) struct fm_params fm_params;
 

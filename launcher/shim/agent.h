@@ -50,10 +50,12 @@ enum {
 	MSG_SYSCALL_DONE = 11, /* agent->rt: a=the raw result (-errno on failure) */
 	MSG_AGENT_READY = 12, /* rt->agent: the agent is attached (and, in an armed run, the mapping
 			       * filter installed): the thread that started it may go on */
-	MSG_MOVE = 13,        /* rt->agent: a=dst b=pages; n runs follow: move their pages, in order,
-			       * to consecutive pages from dst on (the staging area) */
+	MSG_MOVE = 13,        /* rt->agent: a=dst b=pages c=the layout events the batch's choice saw
+			       * (move_runs); n runs follow: move their pages, in order, to consecutive
+			       * pages from dst on (the staging area) */
 	MSG_MOVE_DONE = 14,   /* agent->rt: n=pages; a status byte a page follows (0 moved, else errno) */
-	MSG_STAGING = 15,     /* rt->agent: a=bytes; map the staging area (see make_staging) */
+	MSG_STAGING = 15,     /* rt->agent: a=bytes; map the staging area (see make_staging); the move
+			       * fence's memfd attached */
 	MSG_STAGING_OK = 16,  /* agent->rt: a=its address (0: none), b=errno */
 	MSG_DETACH = 17,      /* rt->agent: farmem lets the process go (farmem attach): unmap the staging
 			       * area, close every descriptor of farmem's, answer, and end the thread */
@@ -63,7 +65,7 @@ enum {
 	MSG_FAULTS = 21,      /* rt->agent: serve faults (fault_thread); the table's memfd, the store
 			       * space (read-only) and the socket to send the rest on attached */
 	MSG_FAULTS_OK = 22,   /* agent->rt: a=status (0 ok, else errno) b=the fault thread's id */
-	PROTO_VERSION = 7,
+	PROTO_VERSION = 8,
 	MAX_RUNS = 128,
 	MAX_MOVE_PAGES = 256,
 };
@@ -315,8 +317,8 @@ static void drop_runs(struct fm_run *runs, int n, int *err)
  * open neither the device nor a uffd handling kernel-mode faults by the system call: one running
  * as another user than root (vm.unprivileged_userfaultfd=0 leaves it UFFD_USER_MODE_ONLY, under
  * which a read(2) into an evicted page fails with EFAULT). The device checks permission only at
- * open (probes/uffdasuser.c). Kept for the image's life, close-on-exec: its staging area's and
- * fork probes' uffds, and a fork child's, are made on it too. -1: none. */
+ * open (probes/uffdasuser.c). Kept for the image's life, close-on-exec: its fork probes' uffds,
+ * and a fork child's, are made on it too. -1: none. */
 static int uffd_dev = -1;
 
 /* open_uffd returns a new userfaultfd (before its UFFDIO_API), or -errno. */
@@ -346,28 +348,87 @@ static long register_on_own_uffd(uint64_t addr, uint64_t len, uint64_t mode)
 	return fd;
 }
 
-/* The staging area: where the agent moves a batch's victims (move_runs), for the runtime to read
- * and have dropped. It is registered, because UFFDIO_MOVE moves only into a range registered with
- * the uffd it is issued on (and with the same protection as the source: MISSING|WP, as the
- * runtime registers the program's mappings). But on a uffd of its own, stage_ufd, with no
- * features: so its drop raises no REMOVE event for the runtime to read (one round trip between
- * the two processes saved per batch), and a fork child does not inherit its registration
- * (stage_ufd has no EVENT_FORK). Nobody reads stage_ufd: nothing ever faults in the area. */
-static int stage_ufd = -1;
-static int fault_store = -1, fault_sock = -1; /* the fault thread's (below); a fork child closes its parent's */
-static uint64_t stage_addr, stage_len; /* for detach_agent */
-static uint64_t make_staging(uint64_t bytes, uint64_t *err)
+#define FM_PAGE 4096ULL
+
+/* ctl: the process's control connection; ufd: its uffd. */
+static int ctl = -1, ufd = -1;
+
+/* The control page (pubtable's ctl* words), shared with farmem once the fault thread runs. */
+struct fm_ctl { uint64_t lock, events_read, events_applied, room, post_head, post_tail, served, forwarded; };
+
+/* spin_lock takes lock word w, which its holders hold across a system call or two at most. */
+static void spin_lock(uint64_t *w)
 {
-	long a = exempt6(SYS_mmap, 0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (a < 0) { *err = -a; return 0; }
-	long fd = register_on_own_uffd((uint64_t)a, bytes, UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP);
-	if (fd < 0) {
-		*err = -fd;
-		exempt6(SYS_munmap, a, bytes, 0, 0, 0, 0);
+	for (int i = 0;; i++) {
+		uint64_t free = 0;
+		if (__atomic_compare_exchange_n(w, &free, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
+		if (i < 16) {
+			__builtin_ia32_pause();
+		} else if (i < 64) {
+			raw6(SYS_sched_yield, 0, 0, 0, 0, 0, 0);
+		} else {
+			struct timespec ts = { 0, 20000 };
+			raw6(SYS_nanosleep, (long)&ts, 0, 0, 0, 0, 0);
+		}
+	}
+}
+
+static void spin_unlock(uint64_t *w) { __atomic_store_n(w, 0, __ATOMIC_RELEASE); }
+
+/* fault_lock takes the control page's lock, which farmem holds across one install at most. */
+static void fault_lock(struct fm_ctl *c) { spin_lock(&c->lock); }
+static void fault_unlock(struct fm_ctl *c) { spin_unlock(&c->lock); }
+
+/* The staging area: where the agent moves a batch's victims (move_runs), for the runtime to read
+ * and have dropped. UFFDIO_MOVE moves only into a range registered with the uffd it is issued on
+ * (with the same protection as the source: MISSING|WP, as the runtime registers the program's
+ * mappings), and the moves are issued on the program's own uffd, ufd: there the kernel fences
+ * them with the program's layout changes, as it fences the runtime's installs (move_runs). Its
+ * drop raises a REMOVE event, which the runtime's reader, or the fault thread, reads and passes
+ * over (in_staging). Nothing ever faults in the area. A fork child's copy is registered on the
+ * child's uffd, and holds the parent's staged pages for the child's table to read. */
+static int fault_store = -1, fault_sock = -1; /* the fault thread's (below); a fork child closes its parent's */
+static uint64_t stage_addr, stage_len; /* set once, before the first move; read by the fault thread */
+
+/* The move fence: a page of farmem's, shared with the agent (its memfd comes with MSG_STAGING).
+ * The runtime reads the program's uffd under its lock while it reads it itself, and counts the
+ * layout events it read in layout; the fault thread, once it reads the uffd, does the same under
+ * the control page's lock (events_read). See move_runs. */
+struct fm_fence { uint64_t lock, layout; };
+static struct fm_fence *fence;
+static struct fm_ctl *fault_ctl; /* the fault thread's control page, once it runs (below) */
+
+/* in_staging reports whether [start, end) is inside the staging area: a REMOVE event there is the
+ * agent's own drop of it, no change to the program's layout. */
+static int in_staging(uint64_t start, uint64_t end)
+{
+	uint64_t a = __atomic_load_n(&stage_addr, __ATOMIC_ACQUIRE);
+	return a && start >= a && end <= a + stage_len;
+}
+
+static uint64_t make_staging(uint64_t bytes, int fence_fd, uint64_t *err)
+{
+	long f = exempt6(SYS_mmap, 0, FM_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fence_fd, 0);
+	if (f < 0 && f > -4096) { *err = -f; return 0; }
+	/* A fork child has a fence of its own, if it ever moves: nothing of its parent's. */
+	raw6(SYS_madvise, f, FM_PAGE, MADV_DONTFORK, 0, 0, 0);
+	/* A mapping of its own, between two guard pages: registered as the program's mappings are,
+	 * the area would otherwise be merged into a neighbouring one of the program's, and moved
+	 * pages were then lost (bin/torture under farmem: reconcile_moves found them in neither
+	 * place; kept apart, none were). */
+	long g = exempt6(SYS_mmap, 0, bytes + 2 * FM_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	long a = g < 0 && g > -4096 ? g : exempt6(SYS_mmap, g + FM_PAGE, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+	struct uffdio_register r = { .range = { (uint64_t)a, bytes }, .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP };
+	long e = a < 0 && a > -4096 ? a : raw6(SYS_ioctl, ufd, UFFDIO_REGISTER, (long)&r, 0, 0, 0);
+	if (e < 0) {
+		*err = -e;
+		if (!(g < 0 && g > -4096)) exempt6(SYS_munmap, g, bytes + 2 * FM_PAGE, 0, 0, 0, 0);
+		exempt6(SYS_munmap, f, FM_PAGE, 0, 0, 0, 0);
 		return 0;
 	}
-	stage_ufd = (int)fd;
-	stage_addr = (uint64_t)a, stage_len = bytes;
+	fence = (struct fm_fence *)f;
+	stage_len = bytes;
+	__atomic_store_n(&stage_addr, (uint64_t)a, __ATOMIC_RELEASE);
 	return (uint64_t)a;
 }
 
@@ -416,36 +477,60 @@ static void unlock_moves(void)
 struct fm_uffdio_move { uint64_t dst, src, len, mode; int64_t move; };
 #define FM_UFFDIO_MOVE 0xC028AA05UL /* _IOWR(UFFDIO, 0x05, struct uffdio_move) */
 #define FM_UFFDIO_MOVE_MODE_DONTWAKE 1ULL
-#define FM_PAGE 4096ULL
 
 /* move_runs moves the pages of one eviction batch's runs out of the program into the staging
  * area, the batch's page k to dst + k pages, with UFFDIO_MOVE, and sets status[k] to 0, or to the
  * errno that kept page k where it is:
+ *   ESTALE  the program's layout changed since the runtime chose the batch (below): page k's
+ *           address may hold another page by now;
  *   EBUSY   still shared with a fork child (copy-on-write) or pinned: the kernel moves only a
  *           page this process alone maps, until the program writes it;
  *   ENOENT  absent: the program discarded it meanwhile;
- *   EAGAIN  an event the runtime has not read yet (the program's madvise, munmap, fork) blocks
- *           every move: tried again a little later, a bounded number of times;
+ *   EAGAIN  an event not read yet (the program's madvise, munmap, mremap, fork) blocked the
+ *           move until the budget of retries ran out;
  *   EINVAL  the run crosses two mappings (a move stays within one): tried page by page; a page
  *           that still fails is in a mapping the kernel will not move from (another protection,
  *           mlock);
  *   ENOTTY  a kernel before 6.8.
+ *
+ * The runtime chose the victims by address, from its page table as it was after the layout-th
+ * layout event (layout). An address holds the page chosen only while no layout event came since:
+ * a program that moves a range away and another over it (mremap) leaves another page there, which
+ * a move would take for the victim. So each move is made under the locks of both readers of the
+ * uffd, the runtime's (the fence's) and the fault thread's (its control page's), and only if
+ * neither has read a layout event since. An event raised and not read yet the kernel fences: it
+ * fails every move on the uffd (EAGAIN) from before it changes the layout until it is read,
+ * which no reader can do while the move holds their locks. A move is never made while waiting
+ * for such a read: the locks are let go between tries.
+ *
  * A move stays in this process (probes/movecost.c measures it), where a drop costs a REMOVE
  * round trip with the runtime per run. The runtime evicts the pages that did not move the drop
  * way, so a page reported unmoved must still be in the program: see reconcile_moves. */
-static void move_runs(const struct fm_run *runs, int n, uint64_t dst, uint8_t *status, int pages)
+#define FENCE_PAGES 64 /* the most pages one move makes under the readers' locks */
+static void move_runs(const struct fm_run *runs, int n, uint64_t dst, uint64_t layout, uint8_t *status, int pages)
 {
 	int budget = 200; /* EAGAIN retries for the whole batch: at most ~4 ms */
 	int k = 0;        /* the batch index of run i's first page */
+	struct fm_ctl *c = __atomic_load_n(&fault_ctl, __ATOMIC_ACQUIRE);
 	for (int i = 0; i < n && k < pages; i++) {
 		uint64_t len = runs[i].len, done = 0;
 		if ((uint64_t)(pages - k) * FM_PAGE < len) len = (uint64_t)(pages - k) * FM_PAGE;
 		int single = 0;
 		while (done < len) {
 			uint64_t want = single ? FM_PAGE : len - done;
+			if (want > FENCE_PAGES * FM_PAGE) want = FENCE_PAGES * FM_PAGE;
 			struct fm_uffdio_move mv = { .dst = dst + (uint64_t)k * FM_PAGE + done, .src = runs[i].addr + done,
 						     .len = want, .mode = FM_UFFDIO_MOVE_MODE_DONTWAKE };
-			long r = raw6(SYS_ioctl, stage_ufd, FM_UFFDIO_MOVE, (long)&mv, 0, 0, 0);
+			spin_lock(&fence->lock);
+			if (c) fault_lock(c);
+			uint64_t read = __atomic_load_n(&fence->layout, __ATOMIC_ACQUIRE) + (c ? __atomic_load_n(&c->events_read, __ATOMIC_ACQUIRE) : 0);
+			long r = read == layout ? raw6(SYS_ioctl, ufd, FM_UFFDIO_MOVE, (long)&mv, 0, 0, 0) : -ESTALE;
+			if (c) fault_unlock(c);
+			spin_unlock(&fence->lock);
+			if (r == -ESTALE) {
+				for (int p = k + (int)(done / FM_PAGE); p < pages; p++) status[p] = ESTALE;
+				return;
+			}
 			uint64_t moved = r == 0 ? want : mv.move > 0 ? (uint64_t)mv.move : 0;
 			for (uint64_t b = 0; b < moved; b += FM_PAGE) status[k + (done + b) / FM_PAGE] = 0;
 			done += moved;
@@ -483,7 +568,6 @@ static void reconcile_moves(uint64_t dst, uint8_t *status, int pages, const unsi
 }
 
 /* ---- the process's handshake: its control connection, uffd and lifeline */
-static int ctl = -1, ufd = -1;
 static uint64_t min_map = 1 << 20;
 /* run_armed: the runtime's last HELLO_OK said the run is armed (registering mappings). */
 static int run_armed;
@@ -625,17 +709,19 @@ static uint64_t make_fork_probe(int *probe_ufd)
 
 /* fork_child_hello gives a fork child its own connection, uffd and lifeline, dying if the
  * runtime cannot be reached. The descriptors it inherited are its parent's: the parent's agent
- * connection, uffd, lifeline (which signals the parent), drop pidfd (which names the parent,
- * whose pages the child's drops would then discard) and staging uffd are closed. The parent's
- * staging area was copied, unregistered: the runtime may read pages the parent had staged from
- * it (its page table's Stage), so it stays; this process moves nothing into it. */
+ * connection, uffd, lifeline (which signals the parent) and drop pidfd (which names the parent,
+ * whose pages the child's drops would then discard) are closed, and the parent's fence and fault
+ * thread's control page were not copied (MADV_DONTFORK). The parent's staging area was copied:
+ * the runtime may read pages the parent had staged from it (its page table's Stage), so it
+ * stays; this process moves nothing into it. */
 static void fork_child_hello(const char *sock)
 {
 	close_fd(&ctl);
 	close_fd(&agent_sock);
 	close_fd(&ufd);
 	close_fd(&lifeline);
-	close_fd(&stage_ufd);
+	fence = 0;
+	fault_ctl = 0;
 	close_fd(&fault_store);
 	close_fd(&fault_sock);
 	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
@@ -655,16 +741,22 @@ static void fork_child_hello(const char *sock)
 }
 
 /* detach_agent undoes what the agent holds in the process when farmem lets it go (farmem attach's
- * detach): the staging area (empty: no batch runs once farmem detaches) and its uffd, the drop
+ * detach): the staging area (empty: no batch runs once farmem detaches; unregistered first, so
+ * that its unmap raises no event farmem would have to read) and the fence, the drop
  * pidfd, the lifeline's read end (before farmem closes the write end, whose close would otherwise
  * kill the process), the process's copy of its uffd (farmem keeps its own until it has
  * unregistered every range), farmem's /dev/userfaultfd, if it was sent one, and the control
  * connection. */
 static void detach_agent(void)
 {
-	if (stage_addr) exempt6(SYS_munmap, stage_addr, stage_len, 0, 0, 0, 0);
+	if (stage_addr) {
+		struct uffdio_range r = { stage_addr, stage_len };
+		raw6(SYS_ioctl, ufd, UFFDIO_UNREGISTER, (long)&r, 0, 0, 0);
+		exempt6(SYS_munmap, stage_addr - FM_PAGE, stage_len + 2 * FM_PAGE, 0, 0, 0, 0); /* and its guards */
+	}
 	stage_addr = 0;
-	close_fd(&stage_ufd);
+	if (fence) exempt6(SYS_munmap, (long)fence, FM_PAGE, 0, 0, 0, 0);
+	fence = 0;
 	if (drop_pidfd >= 0) raw6(SYS_close, drop_pidfd, 0, 0, 0, 0, 0);
 	drop_pidfd = -1;
 	/* The lifeline's open file, not this descriptor, is set to signal: fork children that
@@ -703,8 +795,6 @@ enum { W_NONE, W_PUBLISHED, W_CLEAN, W_FARMEM, W_CLAIMED };
 #define W_KIND 7ULL
 #define W_GUESS_WRITABLE 8ULL /* pubtable.GuessWritable */
 #define W_OFFSET (~4095ULL)
-/* The control page (pubtable's ctl* words). */
-struct fm_ctl { uint64_t lock, events_read, events_applied, room, post_head, post_tail, served, forwarded; };
 struct fm_post { uint64_t page_dirt, word, tid, unused; }; /* tid: the thread whose fault it was */
 #define FM_TREND 8
 struct fault_ctx {
@@ -720,24 +810,6 @@ struct fault_ctx {
 static struct fault_ctx fault_start; /* the fault thread's, copied to its stack as it starts */
 static long clone_thread(uint64_t stack_top, void (*fn)(void));
 
-/* fault_lock takes the control page's lock, which farmem holds across one install at most. */
-static void fault_lock(struct fm_ctl *c)
-{
-	for (int i = 0;; i++) {
-		uint64_t free = 0;
-		if (__atomic_compare_exchange_n(&c->lock, &free, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) return;
-		if (i < 16) {
-			__builtin_ia32_pause();
-		} else if (i < 64) {
-			raw6(SYS_sched_yield, 0, 0, 0, 0, 0, 0);
-		} else {
-			struct timespec ts = { 0, 20000 };
-			raw6(SYS_nanosleep, (long)&ts, 0, 0, 0, 0, 0);
-		}
-	}
-}
-
-static void fault_unlock(struct fm_ctl *c) { __atomic_store_n(&c->lock, 0, __ATOMIC_RELEASE); }
 
 /* forward sends farmem message m, with descriptor fd if it is not negative. */
 static void forward(struct fault_ctx *c, const struct uffd_msg *m, int fd)
@@ -806,6 +878,13 @@ static int serve_fault(struct fault_ctx *c, const struct uffd_msg *m, char *page
 	return 0;
 }
 
+/* staging_remove reports whether m is the REMOVE event of the agent's drop of the staging area:
+ * the fault thread neither counts nor forwards those (farmem's reader passes over them too). */
+static int staging_remove(const struct uffd_msg *m)
+{
+	return m->event == UFFD_EVENT_REMOVE && in_staging(m->arg.remove.start, m->arg.remove.end);
+}
+
 __attribute__((noreturn)) static void fault_thread(void)
 {
 	struct fault_ctx c = fault_start;
@@ -822,7 +901,7 @@ __attribute__((noreturn)) static void fault_thread(void)
 		fault_lock(c.ctl);
 		r = raw6(SYS_read, c.ufd, (long)msgs, sizeof msgs, 0, 0, 0);
 		uint64_t events = 0;
-		for (long i = 0; r > 0 && i < r / (long)sizeof msgs[0]; i++) events += msgs[i].event != UFFD_EVENT_PAGEFAULT;
+		for (long i = 0; r > 0 && i < r / (long)sizeof msgs[0]; i++) events += msgs[i].event != UFFD_EVENT_PAGEFAULT && !staging_remove(&msgs[i]);
 		if (events) __atomic_add_fetch(&c.ctl->events_read, events, __ATOMIC_RELEASE);
 		fault_unlock(c.ctl);
 		if (r == -EAGAIN || r == -EINTR) {
@@ -840,7 +919,7 @@ __attribute__((noreturn)) static void fault_thread(void)
 		}
 		long n = r / (long)sizeof msgs[0];
 		for (long i = 0; i < n; i++) {
-			if (msgs[i].event == UFFD_EVENT_PAGEFAULT) continue;
+			if (msgs[i].event == UFFD_EVENT_PAGEFAULT || staging_remove(&msgs[i])) continue;
 			int fd = msgs[i].event == UFFD_EVENT_FORK ? (int)msgs[i].arg.fork.ufd : -1;
 			forward(&c, &msgs[i], fd);
 			if (fd >= 0) raw6(SYS_close, fd, 0, 0, 0, 0, 0);
@@ -877,6 +956,7 @@ static long start_fault_thread(int table, int store, int sock)
 					  .ctl = (struct fm_ctl *)(words + FM_TABLE_BYTES),
 					  .posts = (struct fm_post *)(words + FM_TABLE_BYTES + 4096) };
 	long tid = clone_thread(stack + FM_FAULT_STACK, fault_thread);
+	if (tid >= 0) __atomic_store_n(&fault_ctl, fault_start.ctl, __ATOMIC_RELEASE);
 	if (tid < 0) {
 		exempt6(SYS_munmap, words, FM_TABLE_FILE, 0, 0, 0, 0);
 		exempt6(SYS_munmap, stack, FM_FAULT_STACK, 0, 0, 0, 0);
@@ -917,19 +997,21 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 			continue;
 		}
+		if (m->type == MSG_STAGING && n >= (long)sizeof *m) {
+			struct fm_msg done = { .type = MSG_STAGING_OK, .version = PROTO_VERSION };
+			if (nfds != 1) done.b = EINVAL;
+			else if (stage_addr) done.b = EEXIST;
+			else done.a = make_staging(m->a, fds[0], &done.b);
+			for (int i = 0; i < nfds; i++) raw6(SYS_close, fds[i], 0, 0, 0, 0, 0);
+			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
+			continue;
+		}
 		for (int i = 0; i < nfds; i++) raw6(SYS_close, fds[i], 0, 0, 0, 0, 0);
 		if (n < (long)sizeof *m) continue;
 		if (m->type == MSG_SYSCALL && n >= (long)(sizeof *m + 6 * sizeof(uint64_t))) {
 			uint64_t *a = (uint64_t *)(buf + sizeof *m);
 			struct fm_msg done = { .type = MSG_SYSCALL_DONE, .version = PROTO_VERSION,
 					       .a = exempt6(m->a, a[0], a[1], a[2], a[3], a[4], a[5]) };
-			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
-			continue;
-		}
-		if (m->type == MSG_STAGING) {
-			struct fm_msg done = { .type = MSG_STAGING_OK, .version = PROTO_VERSION };
-			if (stage_ufd < 0) done.a = make_staging(m->a, &done.b);
-			else done.b = EEXIST;
 			if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 			continue;
 		}
@@ -964,9 +1046,11 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 			uint8_t *st = (uint8_t *)(out + sizeof *d);
 			for (int k = 0; k < pages; k++) st[k] = ECANCELED; /* past the runs: never asked */
 			unsigned char before[MAX_MOVE_PAGES];
-			if (try_lock_moves()) {
+			if (!fence) {
+				for (int k = 0; k < pages; k++) st[k] = ENXIO; /* no staging area */
+			} else if (try_lock_moves()) {
 				long mc = raw6(SYS_mincore, m->a, pages * FM_PAGE, (long)before, 0, 0, 0);
-				move_runs(runs, nruns, m->a, st, pages);
+				move_runs(runs, nruns, m->a, m->c, st, pages);
 				unlock_moves();
 				if (mc == 0) reconcile_moves(m->a, st, pages, before);
 			} else {
