@@ -348,8 +348,12 @@ func lastLines(s string, n int) string {
 }
 
 // checkFaultSpans asserts that the sink holds fault spans as documented: attributes, and the
-// stages as child spans of the same trace; backend faults with a backend fetch child.
-func checkFaultSpans(t *testing.T, s *otlpSink, service string, wantEvictions bool) {
+// stages as child spans of the same trace; backend faults with a backend fetch child. sampled:
+// the run traced a fifth of the faults or more, so spans of backend faults and of eviction batches are
+// certain; at the default sampling (0.1 %) the spans are mostly those of slow faults, and which
+// faults are slow is up to the machine's load (a loaded one spends the slow spans' budget on
+// first touches): some fault span is all that is certain.
+func checkFaultSpans(t *testing.T, s *otlpSink, service string, sampled bool) {
 	t.Helper()
 	spans := s.spans()
 	byID := map[string]span{}
@@ -432,7 +436,10 @@ func checkFaultSpans(t *testing.T, s *otlpSink, service string, wantEvictions bo
 		}
 	}
 	t.Logf("%d spans: %d faults (kinds %v, sources %v), %d with a backend fetch, %d eviction batches", len(spans), faults, kinds, sources, backend, evictions)
-	if backend == 0 || (wantEvictions && evictions == 0) {
+	if faults == 0 {
+		t.Fatalf("no fault span")
+	}
+	if sampled && (backend == 0 || evictions == 0) {
 		t.Fatalf("want fault spans with a backend fetch and eviction batch spans: %d and %d", backend, evictions)
 	}
 	for k := range kinds {
