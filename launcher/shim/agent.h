@@ -413,9 +413,8 @@ static uint64_t make_staging(uint64_t bytes, int fence_fd, uint64_t *err)
 	/* A fork child has a fence of its own, if it ever moves: nothing of its parent's. */
 	raw6(SYS_madvise, f, FM_PAGE, MADV_DONTFORK, 0, 0, 0);
 	/* A mapping of its own, between two guard pages: registered as the program's mappings are,
-	 * the area would otherwise be merged into a neighbouring one of the program's, and moved
-	 * pages were then lost (bin/torture under farmem: reconcile_moves found them in neither
-	 * place; kept apart, none were). */
+	 * the area would otherwise be merged into a neighbouring one of the program's, which loses
+	 * moved pages (docs/DESIGN.md, section 3, "Evicting a page"). */
 	long g = exempt6(SYS_mmap, 0, bytes + 2 * FM_PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	long a = g < 0 && g > -4096 ? g : exempt6(SYS_mmap, g + FM_PAGE, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
 	struct uffdio_register r = { .range = { (uint64_t)a, bytes }, .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP };
