@@ -171,20 +171,24 @@ func (f *Fetcher) serve() {
 // layout events: their REMOVEs are passed over (the agent's fault thread does not send them on).
 func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 	f.table.LockForFault()
-	var n int
+	var n, events int
 	var err error
 	if f.in != nil {
 		n, err = f.in.recv(msgs)
 		f.table.Drain(f.in.faulted)
+		if err == nil {
+			events = f.layoutEvents(msgs[:n])
+		}
 	} else {
 		if f.fence != nil {
 			f.fence.Lock()
 		}
 		n, err = uffd.ReadMsgs(f.fd, msgs)
+		if err == nil {
+			events = f.layoutEvents(msgs[:n])
+		}
 		if f.fence != nil {
-			if err == nil {
-				f.fence.Read(f.layoutEvents(msgs[:n]))
-			}
+			f.fence.Read(events)
 			f.fence.Unlock()
 		}
 	}
@@ -193,7 +197,6 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 		return n, err
 	}
 	var forks []*pagetable.PageTable // the FORK events' tables, in their order
-	events := f.layoutEvents(msgs[:n])
 	f.table.LayoutChanged(events)
 	var staged uint64 // bit i: message i is a drop of the staging area (len(msgs) <= 64)
 	for i := range msgs[:n] {
