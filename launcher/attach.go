@@ -356,11 +356,17 @@ func (a *attachment) enterChildren() {
 				continue
 			}
 			a.known[c] = st
-			if err := a.enterChild(c, ppid); err != nil {
-				fmt.Fprintf(os.Stderr, "farmem: fork child %d of process %d could not be entered, and was killed: %v\n", c, ppid, err)
-				unix.Kill(c, unix.SIGKILL)
-			}
+			a.enterOrKill(c, ppid)
 		}
+	}
+}
+
+// enterOrKill enters fork child pid of ppid, or kills it if it cannot be entered: it may hold
+// pages that only farmem's copy of its uffd can serve.
+func (a *attachment) enterOrKill(pid, ppid int) {
+	if err := a.enterChild(pid, ppid); err != nil {
+		fmt.Fprintf(os.Stderr, "farmem: fork child %d of process %d could not be entered, and was killed: %v\n", pid, ppid, err)
+		unix.Kill(pid, unix.SIGKILL)
 	}
 }
 
@@ -475,7 +481,7 @@ func (a *attachment) detach() error {
 			}
 			frozen[p] = g
 		}
-		if len(a.rt.ForkParents()) == 0 {
+		if len(a.rt.ForkParents()) == 0 && a.childrenHeld(frozen) {
 			break // no child born between the entering and the freezing
 		}
 		if try == 20 {
@@ -498,6 +504,34 @@ func (a *attachment) detach() error {
 	}
 	frozen = nil
 	return first
+}
+
+// childrenHeld reports whether every fork child of the frozen processes that carries the agent
+// is frozen with them, and enters those that farmem does not serve yet, for the next try to
+// freeze. With every thread of a process stopped none is inside fork, so the process's children
+// are all listed. But ForkParents can miss one: a thread that forked as it was frozen goes on as
+// soon as the kernel hands its FORK event to farmem's reader, before farmem records the event,
+// and the child runs. Missed, it would run on after the detach with evicted pages that only
+// farmem's copy of its uffd serves, and read zeros once farmem is gone.
+func (a *attachment) childrenHeld(frozen map[*runtime.Process]*inject.Group) bool {
+	held := true
+	for p := range frozen {
+		for _, c := range childrenOf(p.Pid()) {
+			if !carriesAgent(c, a.mem+agentOffset+a.img.params, a.sock) {
+				continue // exited, exec'd, or born before farmem came
+			}
+			if q := a.rt.Lookup(c); q != nil {
+				if _, ok := frozen[q]; !ok {
+					held = false // entered after the freezing began
+				}
+				continue
+			}
+			held = false
+			a.known[c] = startTime(c)
+			a.enterOrKill(c, p.Pid())
+		}
+	}
+	return held
 }
 
 // gone reports whether process pid has exited.
