@@ -445,13 +445,13 @@ func TestAttachAsUser(t *testing.T) {
 	before, _, _ := a.check(t)
 	summary := filepath.Join(t.TempDir(), "summary.json")
 	c, stderr := attachTo(t, pid, "16MiB", "--summary-json", summary)
-	waitRSSBelow(t, pid, 32<<20)
+	waitRSSBelow(t, pid, 32<<20, c, stderr)
 	if sum, _, _ := a.check(t); sum != before {
 		t.Fatalf("attached: sum %s, before farmem %s", sum, before)
 	}
 	a.write(t)
 	written, _, _ := a.check(t)
-	waitRSSBelow(t, pid, 32<<20) // evicted again before the detach
+	waitRSSBelow(t, pid, 32<<20, c, stderr) // evicted again before the detach
 	detach(t, c, stderr)
 	if sum, _, _ := a.check(t); sum != written {
 		t.Fatalf("detached: sum %s, attached %s", sum, written)

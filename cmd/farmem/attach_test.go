@@ -177,13 +177,22 @@ func detach(t *testing.T, cmd *exec.Cmd, stderr *syncBuffer) {
 	}
 }
 
-// waitRSSBelow waits until pid's anonymous memory is below limit (farmem evicted what was over
-// the cap).
-func waitRSSBelow(t *testing.T, pid int, limit int64) {
+// waitRSSBelow waits until pid's anonymous memory is below limit (farmem, attached by cmd,
+// evicted what was over the cap). If it does not get there, the test prints farmem's output and
+// the stacks of its goroutines (SIGQUIT), to say where eviction stands.
+func waitRSSBelow(t *testing.T, pid int, limit int64, cmd *exec.Cmd, stderr *syncBuffer) {
 	t.Helper()
 	for end := time.Now().Add(20 * time.Second); rssAnon(pid) >= limit; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(end) {
-			t.Fatalf("process %d still holds %d MiB, over %d MiB, 20 s after farmem attached", pid, rssAnon(pid)>>20, limit>>20)
+			held := rssAnon(pid)
+			cmd.Process.Signal(syscall.SIGQUIT)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+			}
+			t.Fatalf("process %d still holds %d MiB, over %d MiB, 20 s after farmem attached; farmem's output and stacks:\n%s", pid, held>>20, limit>>20, stderr)
 		}
 	}
 }
@@ -243,7 +252,7 @@ func TestAttachDetach(t *testing.T) {
 
 	summary := filepath.Join(t.TempDir(), "summary.json")
 	cmd, stderr := attachTo(t, pid, "16MiB", "--summary-json", summary)
-	waitRSSBelow(t, pid, 32<<20)
+	waitRSSBelow(t, pid, 32<<20, cmd, stderr)
 	var want []string
 	for i := 0; i < 2; i++ {
 		s, _, _ := twin.check(t)
@@ -258,7 +267,7 @@ func TestAttachDetach(t *testing.T) {
 		t.Fatalf("attached, after a write: sum %s, native %s", sum, want[1])
 	}
 	a.write(t)
-	waitRSSBelow(t, pid, 32<<20) // evicted again before the detach
+	waitRSSBelow(t, pid, 32<<20, cmd, stderr) // evicted again before the detach
 
 	detach(t, cmd, stderr)
 	if got := rssAnon(pid); got < 60<<20 {
@@ -379,8 +388,8 @@ func TestAttachFarmemKilled(t *testing.T) {
 	bin := attacheeBin(t)
 	a := startAttachee(t, bin, "48", "0", "1")
 	pid := a.cmd.Process.Pid
-	cmd, _ := attachTo(t, pid, "16MiB")
-	waitRSSBelow(t, pid, 32<<20)
+	cmd, stderr := attachTo(t, pid, "16MiB")
+	waitRSSBelow(t, pid, 32<<20, cmd, stderr)
 	cmd.Process.Kill()
 	cmd.Wait()
 	fmt.Fprintln(a.in, "check") // a wrong page would say BAD and exit 1
