@@ -260,6 +260,7 @@ func (p *Process) Unregister() error {
 	}
 	p.regMu.Lock()
 	clear(p.registered)
+	clear(p.unadopted)
 	p.regMu.Unlock()
 	return nil
 }

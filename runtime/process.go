@@ -90,6 +90,7 @@ type Process struct {
 
 	regMu      sync.Mutex
 	registered map[uint64]uint64 // protected by regMu; start -> end of ranges we registered
+	unadopted  map[uint64]uint64 // protected by regMu; start -> end of ranges to adopt again (adoptLater)
 
 	// probe is the vDSO's address in the process's image as it said hello, or its parent's for
 	// a fork child (0: not known), for memoryGone; set before the process is served, never
@@ -123,7 +124,7 @@ type Process struct {
 }
 
 func (rt *Runtime) newProcess(fd int, table *pagetable.PageTable) (*Process, error) {
-	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(&rt.Stats), registered: make(map[uint64]uint64),
+	p := &Process{rt: rt, fd: fd, table: table, place: newPlacement(&rt.Stats), registered: make(map[uint64]uint64), unadopted: make(map[uint64]uint64),
 		filterDone: make(chan struct{})}
 	p.fence, _ = pubtable.NewFence() // none: the process has no staging area, and its victims are dropped
 	var pred prefetch.Prefetcher

@@ -24,8 +24,20 @@ func (p *Process) Register(start, length uint64) error {
 	if err != nil || !fresh {
 		return err
 	}
-	_, err = p.adopt(start, length)
+	_, again, err := p.adopt(start, length)
+	if again {
+		p.adoptLater(start, length)
+	}
 	return err
+}
+
+// adoptLater has the next Rescan adopt [start, start+length) again: an event not read yet kept
+// adopt from telling whether some of its present pages are ours. Left untracked, they would
+// never be evicted, and the cap would not hold.
+func (p *Process) adoptLater(start, length uint64) {
+	p.regMu.Lock()
+	p.unadopted[start] = start + length
+	p.regMu.Unlock()
 }
 
 // register registers [start, start+length) unless it is already; fresh reports whether it
@@ -59,17 +71,20 @@ func (p *Process) register(start, length uint64) (fresh bool, err error) {
 // Adopted, it would be recorded resident and then vanish: its next touch would fault on a
 // record that says farmem has nothing to serve, and the process would be stopped. The table
 // remembers the program's discards for as long as a zap can lag its event (Discarding).
-func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
+//
+// again reports pages it could not check: an event not read yet fails the check (ours), and
+// the range is to be adopted again later (adoptLater); what it adopted now it skips then.
+func (p *Process) adopt(start, length uint64) (adopted int64, again bool, err error) {
 	pid := p.Pid()
 	if pid == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
 	n := length / PageSize
 	buf := make([]uint64, min(n, 8192))
 	for off := uint64(0); off < n; {
 		k := min(n-off, uint64(len(buf)))
 		if err := procfs.Pagemap(pid, start+off*PageSize, buf[:k]); err != nil {
-			return adopted, err
+			return adopted, again, err
 		}
 		p.table.Lock()
 		now := time.Now()
@@ -92,17 +107,23 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 			for j < k && adoptable(j) {
 				j++
 			}
-			if p.ours(page, (j-i)*PageSize) {
+			switch mine, wait := p.ours(page, (j-i)*PageSize); {
+			case wait:
+				again = true
+			case mine:
 				for q := i; q < j; q++ {
 					p.table.Adopt(page + (q-i)*PageSize)
 				}
 				adopted += int64(j - i)
-			} else {
+			default:
 				for q := i; q < j; q++ { // the run crosses mappings, or holds one not ours
-					if pg := page + (q-i)*PageSize; p.ours(pg, PageSize) {
+					pg := page + (q-i)*PageSize
+					mine, wait := p.ours(pg, PageSize)
+					if mine {
 						p.table.Adopt(pg)
 						adopted++
 					}
+					again = again || wait
 				}
 			}
 			i = j
@@ -110,27 +131,34 @@ func (p *Process) adopt(start, length uint64) (adopted int64, err error) {
 		p.table.Unlock()
 		off += k
 	}
-	return adopted, nil
+	return adopted, again, nil
 }
 
 // ours reports whether [start, start+length), whose first page is present, lies in one mapping
-// registered with the process's uffd: a zero-page request there checks the mapping first
+// registered with the process's uffd (mine): a zero-page request there checks the mapping first
 // (ENOENT if it is not one registered mapping of ours), then finds the first page present
-// (EEXIST) and installs nothing. Anything else (EAGAIN: an event not read yet, or read by the
-// agent and not applied yet, which may be the mapping's replacement or move) is no: a page not
-// adopted is only never evicted.
-func (p *Process) ours(start, length uint64) bool {
+// (EEXIST) and installs nothing. wait: the kernel could not tell (EAGAIN: an event not read yet,
+// or read by the agent and not applied yet, which may be the mapping's replacement or move), and
+// the question is to be asked again once it is read. Anything else is no.
+func (p *Process) ours(start, length uint64) (mine, wait bool) {
 	_, err := p.fetch.ZeroPage(start, length, uffd.ZeroPageDontWake)
-	return errors.Is(err, unix.EEXIST)
+	return errors.Is(err, unix.EEXIST), errors.Is(err, unix.EAGAIN)
 }
 
 // Rescan registers every mapping of the process that registrable accepts and returns how many
-// pages it found present in them: pages the program took unseen.
+// pages it found present in them (pages the program took unseen), and adopts again the ranges
+// whose adoption was cut short (adoptLater).
 func (p *Process) Rescan() (adopted int64) {
 	// Register every mapping first and adopt after: from its registration on, a mapping's new
 	// pages fault (and count against the cap); adopting first would leave the later mappings
 	// open to untracked growth for as long as the pagemap reads take.
 	var fresh [][2]uint64
+	p.regMu.Lock()
+	for start, end := range p.unadopted {
+		fresh = append(fresh, [2]uint64{start, end - start})
+	}
+	clear(p.unadopted)
+	p.regMu.Unlock()
 	err := procfs.Maps(p.Pid(), func(m procfs.Mapping) {
 		if !registrable(m, p.rt.cfg.MinRegister) {
 			return
@@ -143,8 +171,11 @@ func (p *Process) Rescan() (adopted int64) {
 		return 0 // it has exited
 	}
 	for _, r := range fresh {
-		n, _ := p.adopt(r[0], r[1])
+		n, again, _ := p.adopt(r[0], r[1])
 		adopted += n
+		if again {
+			p.adoptLater(r[0], r[1])
+		}
 	}
 	return adopted
 }
@@ -164,6 +195,11 @@ func (p *Process) forgetRange(start, end uint64) {
 	for s, e := range p.registered {
 		if s < end && e > start {
 			delete(p.registered, s)
+		}
+	}
+	for s, e := range p.unadopted {
+		if s < end && e > start {
+			delete(p.unadopted, s)
 		}
 	}
 	p.regMu.Unlock()
