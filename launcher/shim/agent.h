@@ -383,14 +383,12 @@ static void fault_unlock(struct fm_ctl *c) { spin_unlock(&c->lock); }
  * and have dropped. UFFDIO_MOVE moves only into a range registered with the uffd it is issued on
  * (with the same protection as the source: MISSING|WP, as the runtime registers the program's
  * mappings), and the moves are issued on the program's own uffd, ufd: there the kernel fences
- * them with the program's layout changes, as it fences the runtime's installs (move_runs). It is
- * unregistered across its drop, which then raises no event (drop_staging); a drop made the usual
- * way raises a REMOVE event, which the runtime's reader, or the fault thread, reads and passes
+ * them with the program's layout changes, as it fences the runtime's installs (move_runs). Its
+ * drop raises a REMOVE event, which the runtime's reader, or the fault thread, reads and passes
  * over (in_staging). Nothing ever faults in the area. A fork child's copy is registered on the
  * child's uffd, and holds the parent's staged pages for the child's table to read. */
 static int fault_store = -1, fault_sock = -1; /* the fault thread's (below); a fork child closes its parent's */
 static uint64_t stage_addr, stage_len; /* set once, before the first move; read by the fault thread */
-static int stage_lost; /* the area could not be registered again after a drop (drop_staging) */
 
 /* The move fence: a page of farmem's, shared with the agent (its memfd comes with MSG_STAGING).
  * The runtime reads the program's uffd under its lock while it reads it itself, and counts the
@@ -431,25 +429,6 @@ static uint64_t make_staging(uint64_t bytes, int fence_fd, uint64_t *err)
 	stage_len = bytes;
 	__atomic_store_n(&stage_addr, (uint64_t)a, __ATOMIC_RELEASE);
 	return (uint64_t)a;
-}
-
-/* drop_staging drops [addr, addr+len) of the staging area, which the runtime has read, without
- * the REMOVE event a madvise of a registered range raises and must wait for: the area is
- * unregistered across the madvise and registered again after. A REMOVE is a round trip to the
- * uffd's reader, another process's thread, where the two ioctls stay in this thread
- * (probes/stagingdrop.c). Nothing moves into the area meanwhile: this thread makes the moves.
- * -1, nothing done, in a fork child (no fence: its copy of the area is registered on its FORK
- * event's uffd, which the child's agent does not hold) or if the unregister fails: the caller
- * drops it the usual way. */
-static long drop_staging(uint64_t addr, uint64_t len)
-{
-	struct uffdio_range u = { stage_addr, stage_len };
-	if (!fence || raw6(SYS_ioctl, ufd, UFFDIO_UNREGISTER, (long)&u, 0, 0, 0) < 0) return -1;
-	long r = raw6(SYS_madvise, addr, len, MADV_DONTNEED, 0, 0, 0);
-	struct uffdio_register reg = { .range = { stage_addr, stage_len }, .mode = UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP };
-	if (raw6(SYS_ioctl, ufd, UFFDIO_REGISTER, (long)&reg, 0, 0, 0) < 0)
-		stage_lost = 1; /* moves would fail on it: every victim goes the drop way */
-	return r;
 }
 
 /* move_lock keeps a fork from copying the program's memory while the agent moves pages out of
@@ -1066,7 +1045,7 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 			uint8_t *st = (uint8_t *)(out + sizeof *d);
 			for (int k = 0; k < pages; k++) st[k] = ECANCELED; /* past the runs: never asked */
 			unsigned char before[MAX_MOVE_PAGES];
-			if (!fence || stage_lost) {
+			if (!fence) {
 				for (int k = 0; k < pages; k++) st[k] = ENXIO; /* no staging area */
 			} else if (try_lock_moves()) {
 				long mc = raw6(SYS_mincore, m->a, pages * FM_PAGE, (long)before, 0, 0, 0);
@@ -1083,11 +1062,7 @@ static void agent_serve(uint64_t mem, uint64_t mem_len)
 		}
 		if (m->type != MSG_EVICT) continue;
 		int err = 0;
-		int kept = 0; /* the runs in the program, the staging area's dropped apart */
-		for (int i = 0; i < nruns; i++)
-			if (!in_staging(runs[i].addr, runs[i].addr + runs[i].len) || drop_staging(runs[i].addr, runs[i].len) < 0)
-				runs[kept++] = runs[i];
-		drop_runs(runs, kept, &err);
+		drop_runs(runs, nruns, &err);
 		struct fm_msg done = { .type = MSG_EVICT_DONE, .version = PROTO_VERSION, .n = m->n, .a = err };
 		if (send_msg(agent_sock, &done, sizeof done, -1) < 0) die_runtime_lost();
 	}
