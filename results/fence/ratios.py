@@ -2,9 +2,12 @@
 # the median of each round's pair of the fenced moves (farmem) over the moves before the fence
 # (farmem-before), in both fault modes, each with its rounds; the medians of the batches' move
 # and drop stages in nanoseconds per page of a batch (a stage's time over the batch's pages); and
-# the runs that did not finish.
-# Run: python3 results/fence/ratios.py results/fence/swap.csv
+# the runs that did not finish. Any run of farmem against a -before build of itself in both fault
+# modes reads the same way: LABEL (default "fenced") names the build measured in the headers.
+# Run: python3 results/fence/ratios.py results/fence/swap.csv [LABEL]
 import csv, statistics as st, sys
+
+label = sys.argv[2] if len(sys.argv) > 2 else 'fenced'
 
 all_rows = list(csv.DictReader(open(sys.argv[1])))
 rows = [r for r in all_rows if r['stopped'] == 'false' and r['oom_killed'] == 'false']
@@ -22,7 +25,7 @@ for r in rows:
         stage.setdefault((r['workload'], r['cap_pct'], r['config']), []).append(
             (per_page(r, 'farmem_stage_move_ns'), per_page(r, 'farmem_stage_drop_ns')))
 keys = sorted({(w, c) for (w, c, _, cfg) in tput if cfg != 'native'}, key=lambda k: (k[0], -int(k[1])))
-print('| workload | cap | fenced / before, default mode (median; rounds) | fenced / before, program mode (median; rounds) | move, drop stage ns per page of a batch: fenced / before (default mode) | runs not finished |')
+print('| workload | cap | %s / before, default mode (median; rounds) | %s / before, program mode (median; rounds) | move, drop stage ns per page of a batch: %s / before (default mode) | runs not finished |' % (label, label, label))
 print('|---|---|---|---|---|---|')
 for w, c in keys:
     rounds = sorted({rd for (w2, c2, rd, _) in tput if (w2, c2) == (w, c)})
