@@ -106,11 +106,21 @@ func startForker(t *testing.T, mode string) (*exec.Cmd, *bufio.Reader, int) {
 }
 
 // held waits for the forker's held call and returns it and a proceed that lets it go on.
+//
+// The forker is a Go program blocked in a raw system call, which its runtime takes for a
+// goroutine running too long and interrupts with a preemption signal: the held call is then
+// withdrawn (ENOENT here), and the kernel makes it again, held anew.
 func held(t *testing.T, listener int) (seccomp.Notif, func() error) {
 	t.Helper()
 	var n seccomp.Notif
-	if err := seccomp.Receive(listener, &n); err != nil {
-		t.Fatal(err)
+	for {
+		err := seccomp.Receive(listener, &n)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			t.Fatal(err)
+		}
 	}
 	return n, func() error { return seccomp.Respond(listener, &seccomp.Resp{ID: n.ID, Flags: seccomp.FlagContinue}) }
 }
