@@ -142,8 +142,7 @@ func TestAdoptLeavesPagesBeingDiscarded(t *testing.T) {
 // While an event is raised and not read, the kernel cannot tell whether a range is still one
 // registered mapping of ours (its check fails with EAGAIN). adopt then adopts nothing there and
 // says so (again), for the range to be adopted later: pages left untracked for good would never
-// be evicted, and the cap would not hold (an attached process stayed at 48 MiB under a 16 MiB
-// cap that way). Once the event is read, the same call adopts them.
+// be evicted, and the cap would not hold. Once the event is read, the same call adopts them.
 func TestAdoptAgainAfterAnUnreadEvent(t *testing.T) {
 	const pages = 8
 	mem, start, fd := writtenRegisteredWith(t, pages, uffd.FeatureEventRemove)
