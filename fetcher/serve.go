@@ -172,12 +172,13 @@ func (f *Fetcher) serve() {
 func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 	f.table.LockForFault()
 	var n, events int
+	var staged uint64 // bit i: message i is a drop of the staging area (len(msgs) <= 64)
 	var err error
 	if f.in != nil {
 		n, err = f.in.recv(msgs)
 		f.table.Drain(f.in.faulted)
 		if err == nil {
-			events = f.layoutEvents(msgs[:n])
+			events, staged = f.layoutEvents(msgs[:n])
 		}
 	} else {
 		if f.fence != nil {
@@ -185,7 +186,7 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 		}
 		n, err = uffd.ReadMsgs(f.fd, msgs)
 		if err == nil {
-			events = f.layoutEvents(msgs[:n])
+			events, staged = f.layoutEvents(msgs[:n])
 		}
 		if f.fence != nil {
 			f.fence.Read(events)
@@ -198,11 +199,9 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 	}
 	var forks []*pagetable.PageTable // the FORK events' tables, in their order
 	f.table.LayoutChanged(events)
-	var staged uint64 // bit i: message i is a drop of the staging area (len(msgs) <= 64)
 	for i := range msgs[:n] {
 		m := &msgs[i]
-		if f.stagingRemove(m) {
-			staged |= 1 << i
+		if staged&(1<<i) != 0 {
 			continue
 		}
 		switch m.Event() {
@@ -246,16 +245,19 @@ func (f *Fetcher) read(msgs []uffd.Msg) (int, error) {
 	return n, nil
 }
 
-// layoutEvents counts the layout events among msgs: every event but the staging area's drops.
-// The table is locked.
-func (f *Fetcher) layoutEvents(msgs []uffd.Msg) int {
-	n := 0
+// layoutEvents counts the layout events among msgs (at most 64): every event but the staging
+// area's drops, whose messages it marks in staged (bit i: msgs[i]). The table is locked.
+func (f *Fetcher) layoutEvents(msgs []uffd.Msg) (n int, staged uint64) {
 	for i := range msgs {
-		if msgs[i].Event() != uffd.EventPagefault && !f.stagingRemove(&msgs[i]) {
+		switch {
+		case msgs[i].Event() == uffd.EventPagefault:
+		case f.stagingRemove(&msgs[i]):
+			staged |= 1 << i
+		default:
 			n++
 		}
 	}
-	return n
+	return n, staged
 }
 
 // stagingRemove reports whether m is the REMOVE event of the agent's drop of the staging area.
