@@ -131,7 +131,9 @@ func (e *Evictor) runBatch(t Target, want int) error {
 		return err
 	}
 	b.mark(&b.rec.Store)
-	e.commit(b)
+	if err := e.commit(b); err != nil {
+		return err
+	}
 	if err := b.dropOut(); err != nil {
 		return err
 	}

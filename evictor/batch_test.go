@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"os"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,6 +74,11 @@ type fakeProc struct {
 	odd      atomic.Value  // a fault the reader could not serve (string)
 	// beforeMove, if set, runs as the agent starts a move: a layout event read then.
 	beforeMove func()
+	// beforeDrop, if set, runs as the agent starts a drop.
+	beforeDrop func()
+	// reading is held by the reader across each read of the uffd and the events it applies: a
+	// test holds it to keep events unread.
+	reading sync.Mutex
 }
 
 // hookBackend is a backend that runs onStore, once, as the batch stores: between the copy out
@@ -115,6 +121,9 @@ func (p *fakeProc) WakeIfWaiting()              {}
 func (p *fakeProc) Hold() bool                  { return true }
 func (p *fakeProc) Release()                    {}
 
+// Fenced is the fetcher's gate as it is before the agent reads the uffd: the kernel's alone.
+func (p *fakeProc) Fenced(op func() error) error { return op() }
+
 func (p *fakeProc) Staging() uint64 {
 	if !p.staging {
 		return 0
@@ -124,6 +133,9 @@ func (p *fakeProc) Staging() uint64 {
 
 // Drop is the agent's madvise(DONTNEED) of each run.
 func (p *fakeProc) Drop(runs []Run) error {
+	if p.beforeDrop != nil {
+		p.beforeDrop()
+	}
 	var first error
 	for _, r := range runs {
 		if _, _, e := unix.Syscall(unix.SYS_MADVISE, uintptr(r.Addr), uintptr(r.Len), unix.MADV_DONTNEED); e != 0 && first == nil {
@@ -195,8 +207,10 @@ func (p *fakeProc) read() {
 		if fds[1].Revents != 0 {
 			return
 		}
+		p.reading.Lock()
 		n, err := uffd.ReadMsgs(p.fd, msgs[:])
 		if err != nil && err != unix.EAGAIN {
+			p.reading.Unlock()
 			p.odd.Store(fmt.Sprintf("read: %v", err))
 			return
 		}
@@ -229,6 +243,7 @@ func (p *fakeProc) read() {
 				pending = append(pending, page)
 			}
 		}
+		p.reading.Unlock()
 		left := pending[:0]
 		for _, page := range pending {
 			if !p.serve(page, buf) {
@@ -744,5 +759,100 @@ func TestBatchDrop(t *testing.T) {
 	}
 	if r := p.resident.Load(); r != 2 {
 		t.Errorf("resident %d, want 2: the rewritten page, back, and the page discarded and written again", r)
+	}
+}
+
+// A batch commits nothing of the drop way while a layout event is raised and not read: a victim's
+// address may hold another page by then, which the drop would discard. Here, while the batch
+// stores, the program unmaps a victim and maps a page of its own at the same address, and the
+// fault thread has not read the UNMAP yet when the batch commits: the batch leaves every victim
+// in the program, and the program's new page keeps its content.
+func TestBatchDropUnreadLayoutEvent(t *testing.T) {
+	p := newFakeProc(t, false)
+	const replaced = 19 // dirty
+	unmapped := make(chan struct{})
+	resume := sync.OnceFunc(p.reading.Unlock)
+	defer resume()
+	mark := bytes.Repeat([]byte{0xC3}, ps)
+	p.be.onStore = func() {
+		p.reading.Lock() // the fault thread reads nothing more until resume
+		go func() {
+			// munmap raises its UNMAP once the range is gone, and waits for it to be read.
+			unix.Syscall(unix.SYS_MUNMAP, uintptr(p.page(replaced)), ps, 0)
+			close(unmapped)
+		}()
+		fds := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, 10000); n != 1 || err != nil {
+			t.Errorf("the UNMAP was not raised: poll %d, %v", n, err)
+			return
+		}
+		// The program's own page at the address, a mapping farmem never registered.
+		m, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&p.mem[replaced*ps]), ps,
+			unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE)
+		if err != nil {
+			t.Errorf("mapping a page at the unmapped victim's address: %v", err)
+			return
+		}
+		copy(unsafe.Slice((*byte)(m), ps), mark)
+	}
+	p.beforeDrop = resume // the drop's REMOVE events must be read
+	e, rec := evict(t, p)
+	resume()
+	select {
+	case <-unmapped:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the munmap's UNMAP event was never read")
+	}
+	p.reading.Lock() // and applied: the reader holds it from the read until then
+	p.reading.Unlock()
+
+	if !bytes.Equal(p.bytes(replaced), mark) {
+		t.Errorf("the program's page mapped over the unmapped victim lost its content (sum %#x, want %#x)", sum(p.bytes(replaced)), sum(mark))
+	}
+	if a, u := e.Stats.Aborted.Load(), e.Stats.Unsettled.Load(); a != 1 || u != 1 {
+		t.Errorf("aborted %d, unsettled %d; want 1, 1", a, u)
+	}
+	if rec.Written != 0 || rec.Dropped != 0 {
+		t.Errorf("written %d, dropped %d; want none", rec.Written, rec.Dropped)
+	}
+	here := present(t, p.mem)
+	p.tb.Lock()
+	for i, k := range layout {
+		if k == untouched || i == replaced {
+			continue
+		}
+		if en := p.tb.Get(p.page(i)); en == nil || en.State != pagetable.Resident || !here[i] {
+			t.Errorf("page %d (kind %d): entry %+v, present %v; want left Resident and present", i, k, en, here[i])
+		}
+	}
+	if en := p.tb.Get(p.page(replaced)); en != nil {
+		t.Errorf("the unmapped victim still has an entry: %+v", en)
+	}
+	p.tb.Unlock()
+	for i, k := range layout {
+		want := content(i, 0)
+		switch k {
+		case untouched:
+			continue
+		case zero:
+			want = make([]byte, ps)
+		case guessNew:
+			want = content(i, 1)
+		}
+		if i != replaced && !bytes.Equal(p.bytes(i), want) {
+			t.Errorf("page %d (kind %d): content changed", i, k)
+		}
+	}
+	before := 0 // the slots made before the batch: the clean and guessed pages'
+	for _, k := range layout {
+		if k == clean || k == refusedClean || k == guessSame || k == guessNew {
+			before++
+		}
+	}
+	if n := p.be.Stored(); n != before {
+		t.Errorf("backend holds %d pages, want the %d stored before the batch: the slots stored for nothing were not freed", n, before)
+	}
+	if s, ok := p.odd.Load().(string); ok {
+		t.Errorf("fault thread: %s", s)
 	}
 }

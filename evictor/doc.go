@@ -15,14 +15,16 @@
 // # Locks
 //
 // In order: a Target's Hold (the process's life, held across a batch so that its uffd stays
-// open and its number ours), then its page table's lock, then what the page table takes under
-// it (pagetable.Slots, the backend's own). The evictor takes a page table's lock only for
-// in-memory work: choosing and staging victims, reading the move's statuses, marking the
-// victims left in the program, the commit, clearing Zapping, an abort. It never holds it across
-// anything that waits on the program or its fault thread: the agent's move and drop, the
-// write-protect and wake ioctls, process_vm_readv, the backend's Store, Config.Trace. (Under
-// it the commit frees the slot of a page stored for nothing, as the page table frees slots
-// under it; a Free waits on no one.) The fault thread must always be free to take that lock
+// open and its number ours), then its page table's lock, then Target.Fenced's (in program mode
+// the control page's, which the agent holds only while it reads the uffd), then what the page
+// table takes under it (pagetable.Slots, the backend's own). The evictor takes a page table's
+// lock only for in-memory work: choosing and staging victims, reading the move's statuses,
+// marking the victims left in the program, the commit, clearing Zapping, an abort. It never
+// holds it across anything that waits on the program or its fault thread: the agent's move and
+// drop, the write-protect and wake ioctls, process_vm_readv, the backend's Store, Config.Trace.
+// (Under it the commit frees the slot of a page stored for nothing, as the page table frees
+// slots under it, and asks the kernel whether the layout is settled, which answers EAGAIN rather
+// than wait; neither waits on anyone.) The fault thread must always be free to take that lock
 // and read events: the agent's madvise waits until it reads the REMOVE event, and the batch's
 // own ioctls fail with EAGAIN until it does. The tests run batches against a fault thread that
 // takes the lock for every event it reads, while the program's madvise (during the store) and
@@ -75,7 +77,12 @@
 // slot is still current. All-zero pages are not stored: slot 0 reads as zeros. Between the
 // choice and the commit the program may discard a victim (REMOVE, UNMAP), write a clean one, or
 // unmap or move a range (munmap, mremap); the commit takes only pages still in the state the
-// batch left them in, and frees the slots stored for the others.
+// batch left them in, and frees the slots stored for the others. It finds the drop way's victims
+// by address, so it commits them only while the page table holds the layout as it is: with a
+// layout event raised and not yet applied (the kernel fails an ioctl on the uffd meanwhile), an
+// address may hold another page than the one copied out, and the drop way is given up, its
+// victims left in the program. Between the commit and the agent's drop the layout is not fenced
+// yet (docs/DESIGN.md, "Evicting a page").
 //
 // # Files
 //

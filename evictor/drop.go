@@ -68,27 +68,37 @@ func retryEAGAIN(f func() error) error {
 }
 
 // abort gives up the drop way for a batch whose pages the program unmapped or moved (munmap,
-// mremap) between the choice and the copy: the victims still mapped go back to Resident (dirty
-// ones stay dirty; some are left write-protected, which a later write un-protects as for any
-// clean page), and writers waiting on the protection are woken to retry. The batch goes on
-// with its staged victims only.
+// mremap) between the choice and the copy: giveUp, and the writers waiting on the protection
+// are woken to retry. The batch goes on with its staged victims only.
 func (e *Evictor) abort(b *batch) {
 	b.tb.Lock()
-	for _, p := range b.dirty {
+	e.giveUp(b, false)
+	b.tb.Unlock()
+	for _, r := range b.dirtyRuns {
+		uffd.Wake(b.fd, r.Addr, r.Len) // ENOENT/ESRCH: nobody left to wake there
+	}
+	b.dirtyRuns = b.dirtyRuns[:0]
+}
+
+// giveUp, with the page table locked, leaves the drop way's victims in the program: those still
+// mapped go back to Resident (dirty ones stay dirty; some are left write-protected, which a
+// later write un-protects as for any clean page) and are queued again. If the dirty ones were
+// stored already, their slots are freed. The caller wakes the writers held by the protection.
+func (e *Evictor) giveUp(b *batch, stored bool) {
+	for i, p := range b.dirty {
 		if en := b.tb.Get(p); en != nil && en.State == pagetable.Evicting {
 			b.tb.Unprotect(p, en)
 			b.tb.Requeue(p)
+		}
+		if slot := b.slots[b.nStaged+i]; stored && slot != 0 {
+			e.cfg.Backend.Free(slot)
 		}
 	}
 	for _, p := range b.clean {
 		b.tb.Requeue(p)
 	}
-	b.tb.Unlock()
-	for _, r := range b.dirtyRuns {
-		uffd.Wake(b.fd, r.Addr, r.Len) // ENOENT/ESRCH: nobody left to wake there
-	}
 	e.Stats.Aborted.Add(1)
-	b.dirty, b.clean, b.dirtyRuns = b.dirty[:0], b.clean[:0], b.dirtyRuns[:0]
+	b.dirty, b.clean = b.dirty[:0], b.clean[:0]
 }
 
 // dropOut has the agent madvise(DONTNEED) what the commit left to drop, in one request: the

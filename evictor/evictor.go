@@ -35,6 +35,10 @@ type Target interface {
 	// layout-th, the last the page table had applied when the batch chose its victims (the
 	// page at the victim's address may be another's by then: pubtable.Fence).
 	Move(runs []Run, dst uint64, layout uint64, status []byte) error
+	// Fenced runs op, an ioctl on the process's uffd, under the same fence as the process's
+	// installs: it fails with EAGAIN while a layout event is raised and not read, or read (by
+	// the agent) and not applied to the page table.
+	Fenced(op func() error) error
 	// Fail stops the process with a message (a page could not be evicted safely).
 	Fail(err error)
 	// WakeIfWaiting tells the process's fault thread that a batch finished: faults waiting

@@ -38,7 +38,13 @@ type Stats struct {
 	Runs                            atomic.Int64 // contiguous runs of victims
 	Staged                          atomic.Int64 // victims evicted by moving them out
 	Removes                         atomic.Int64 // REMOVE events our drops raised: one a run dropped from the program
-	Aborted                         atomic.Int64 // batches given up: the program unmapped or moved victims
+	// Aborted counts batches whose drop way was given up, its victims left in the program: the
+	// program unmapped or moved some of them before the copy out, or its layout was changing
+	// at the commit (Unsettled).
+	Aborted atomic.Int64
+	// Unsettled counts the batches whose commit found a layout event raised and not yet
+	// applied to the page table (see commit's current).
+	Unsettled atomic.Int64
 	// Absent counts victims the move found absent from the program (ENOENT) though the page
 	// table holds them resident: left alone rather than read (see moveOut).
 	Absent atomic.Int64

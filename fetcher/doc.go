@@ -38,6 +38,10 @@
 //	                         table's lock across each read of the uffd by the fault thread
 //	                         (read), and by the agent across each move of victims, which
 //	                         waits on nothing of farmem's (agent.h, move_runs)
+//	pubtable.Ctl's lock      once the agent reads the uffd, its fault thread holds it across
+//	                         each read; farmem, across each of its own installs and Fenced
+//	                         ioctls (the evictor's commit, under the page table's lock), and
+//	                         never waits for it long (LockInstall gives up: EAGAIN)
 //
 // Nothing here holds a lock across a wait on the program, nor across the install of a page
 // read back, whose wake runs the program on this CPU until its next fault (installUnlocked).

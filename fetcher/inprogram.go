@@ -174,21 +174,33 @@ func (f *Fetcher) copy(dst uint64, src unsafe.Pointer, n, mode uint64) (int64, e
 	return uffd.Copy(f.fd, dst, src, n, mode)
 }
 
-// ZeroPage is uffd.ZeroPage into the process, as copy: once the agent reads the uffd, EAGAIN
-// while an event it read is not applied here. The runtime's adopt asks it whether a page is in
-// a mapping of the process's that is registered (ZeroPageDontWake, on a page present: EEXIST),
-// and must hear EAGAIN there as well: the agent's read of a REMAP lets the program go on, the
-// pages already at their new address, while the table still holds them at the old one; adopted
-// at the new one, they would be recorded twice, and the move's entries replace the adopted ones
-// under a batch that took one of them as its victim. Any goroutine.
-func (f *Fetcher) ZeroPage(dst, n, mode uint64) (int64, error) {
+// ZeroPage is uffd.ZeroPage into the process, through Fenced. The runtime's adopt asks it
+// whether a page is in a mapping of the process's that is registered (ZeroPageDontWake, on a
+// page present: EEXIST), and must hear EAGAIN there as well: the agent's read of a REMAP lets the
+// program go on, the pages already at their new address, while the table still holds them at the
+// old one; adopted at the new one, they would be recorded twice, and the move's entries replace
+// the adopted ones under a batch that took one of them as its victim. Any goroutine.
+func (f *Fetcher) ZeroPage(dst, n, mode uint64) (zeroed int64, err error) {
+	err = f.Fenced(func() error {
+		zeroed, err = uffd.ZeroPage(f.fd, dst, n, mode)
+		return err
+	})
+	return zeroed, err
+}
+
+// Fenced runs op, an ioctl on the process's uffd, where the kernel's fence on it tells the
+// layout as farmem's page table holds it. The kernel fails every such ioctl (EAGAIN) while a
+// layout event is raised and not read; once the agent reads the uffd, one it read and farmem
+// has not applied yet must fail it too: op then runs under the control page's lock, as copy
+// does, only with every event read applied, and Fenced returns EAGAIN otherwise. Any goroutine.
+func (f *Fetcher) Fenced(op func() error) error {
 	c := f.installCtl.Load()
 	if c == nil {
-		return uffd.ZeroPage(f.fd, dst, n, mode)
+		return op()
 	}
 	if !c.LockInstall() {
-		return 0, unix.EAGAIN
+		return unix.EAGAIN
 	}
 	defer c.UnlockInstall()
-	return uffd.ZeroPage(f.fd, dst, n, mode)
+	return op()
 }

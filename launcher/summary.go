@@ -129,12 +129,13 @@ type Evicted struct {
 
 // Batches describes the eviction batches.
 type Batches struct {
-	Count   int64 `json:"count"`
-	Runs    int64 `json:"runs"`    // contiguous runs of victims, over all batches
-	Staged  int64 `json:"staged"`  // victims moved out (UFFDIO_MOVE) rather than dropped
-	Removes int64 `json:"removes"` // REMOVE events the drops raised
-	Aborted int64 `json:"aborted"` // batches given up: victims unmapped or moved meanwhile
-	Stale   int64 `json:"stale"`   // victims not moved: the program's layout changed after the choice
+	Count     int64 `json:"count"`
+	Runs      int64 `json:"runs"`      // contiguous runs of victims, over all batches
+	Staged    int64 `json:"staged"`    // victims moved out (UFFDIO_MOVE) rather than dropped
+	Removes   int64 `json:"removes"`   // REMOVE events the drops raised
+	Aborted   int64 `json:"aborted"`   // batches whose drop way was given up: victims unmapped or moved meanwhile
+	Unsettled int64 `json:"unsettled"` // of those, batches whose commit found a layout event not applied
+	Stale     int64 `json:"stale"`     // victims not moved: the program's layout changed after the choice
 	// StageNs is the time all batches spent in each stage (evictor.StageNames).
 	StageNs map[string]int64 `json:"stage_ns"`
 	Latency Histogram        `json:"latency"` // one batch, victim choice to wake
@@ -180,7 +181,7 @@ func summarize(rt *runtime.Runtime, o Options, status int) *Summary {
 		Removes: s.Removes.Load(),
 		Evicted: Evicted{Written: e.Written.Load(), DroppedClean: e.Dropped.Load(), Zero: e.Zero.Load(), Absent: e.Absent.Load()},
 		Batches: Batches{Count: e.Batches.Load(), Runs: e.Runs.Load(), Staged: e.Staged.Load(), Removes: e.Removes.Load(),
-			Aborted: e.Aborted.Load(), Stale: e.Stale.Load(), StageNs: map[string]int64{}, Latency: histogram(&e.Batch)},
+			Aborted: e.Aborted.Load(), Unsettled: e.Unsettled.Load(), Stale: e.Stale.Load(), StageNs: map[string]int64{}, Latency: histogram(&e.Batch)},
 		MappingsSeen: s.MappingsSeen.Load(), UnseenPages: s.UnseenPages.Load(), OverCapFaults: s.OverCapFaults.Load(), UnservedImages: s.Unserved.Load(),
 		UnfilteredProcesses: s.Unfiltered.Load(),
 		EnteredImages:       s.Entered.Load(),

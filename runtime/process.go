@@ -266,6 +266,9 @@ func (p *Process) Move(runs []evictor.Run, dst uint64, layout uint64, status []b
 	return err
 }
 
+// Fenced implements evictor.Target, through the fetcher's gate on the process's uffd.
+func (p *Process) Fenced(op func() error) error { return p.fetch.Fenced(op) }
+
 // Fail implements evictor.Target: stop the program rather than let it see wrong data.
 func (p *Process) Fail(err error) {
 	p.failOnce.Do(func() {
