@@ -131,10 +131,7 @@ func (e *Evictor) runBatch(t Target, want int) error {
 		return err
 	}
 	b.mark(&b.rec.Store)
-	if err := e.commit(b); err != nil {
-		return err
-	}
-	if err := b.dropOut(); err != nil {
+	if err := e.commitAndDrop(b); err != nil {
 		return err
 	}
 	b.mark(&b.rec.Drop)

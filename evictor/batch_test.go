@@ -131,8 +131,9 @@ func (p *fakeProc) Staging() uint64 {
 	return uint64(uintptr(unsafe.Pointer(&p.stage[0])))
 }
 
-// Drop is the agent's madvise(DONTNEED) of each run.
-func (p *fakeProc) Drop(runs []Run) error {
+// Drop is the commit, then the agent's madvise(DONTNEED) of each run it returns.
+func (p *fakeProc) Drop(commit func() []Run) error {
+	runs := commit()
 	if p.beforeDrop != nil {
 		p.beforeDrop()
 	}

@@ -101,24 +101,22 @@ func (e *Evictor) giveUp(b *batch, stored bool) {
 	b.dirty, b.clean = b.dirty[:0], b.clean[:0]
 }
 
-// dropOut has the agent madvise(DONTNEED) what the commit left to drop, in one request: the
-// runs of the victims committed in the program (the drop way's), each of which raises a
-// REMOVE event that the fault thread reads, and the used part of the staging area (the move's).
-func (b *batch) dropOut() error {
-	slices.Sort(b.drop)
-	b.dropRuns = runs(b.drop, b.dropRuns)
-	b.removes = len(b.dropRuns) // one REMOVE event a run dropped from the program
-	if b.moved > 0 {
-		// The whole used part of the staging area, in one run whatever the victims' spread
-		// (its REMOVE event is no layout change: see Target.Staging). It holds nothing of the program's any
-		// more: committed pages, and those the program discarded after they moved. Left
-		// there, a page would refuse the next batch's move to its index (EEXIST).
-		b.dropRuns = append(b.dropRuns, Run{b.base, uint64(b.moved) * uffd.PageSize})
+// commitAndDrop commits the batch, then has the agent madvise(DONTNEED) what the commit left to
+// drop, in one request: the runs of the victims committed in the program (the drop way's), each
+// of which raises a REMOVE event that the fault thread reads, and the used part of the staging
+// area (the move's). The commit runs under the agent's lock (Target.Drop).
+func (e *Evictor) commitAndDrop(b *batch) error {
+	var commitErr error
+	err := b.t.Drop(func() []Run {
+		if commitErr = e.commit(b); commitErr != nil {
+			return nil
+		}
+		return b.toDrop()
+	})
+	if commitErr != nil {
+		return commitErr
 	}
-	if len(b.dropRuns) == 0 {
-		return nil
-	}
-	if err := b.t.Drop(b.dropRuns); err != nil {
+	if err != nil {
 		if errors.Is(err, ErrGone) {
 			return ErrGone
 		}
@@ -129,6 +127,22 @@ func (b *batch) dropOut() error {
 		}
 	}
 	return nil
+}
+
+// toDrop returns the runs to drop once the batch is committed: the drop way's committed
+// victims, and the used part of the staging area.
+func (b *batch) toDrop() []Run {
+	slices.Sort(b.drop)
+	b.dropRuns = runs(b.drop, b.dropRuns)
+	b.removes = len(b.dropRuns) // one REMOVE event a run dropped from the program
+	if b.moved > 0 {
+		// The whole used part of the staging area, in one run whatever the victims' spread
+		// (its REMOVE event is no layout change: see Target.Staging). It holds nothing of the
+		// program's any more: committed pages, and those the program discarded after they
+		// moved. Left there, a page would refuse the next batch's move to its index (EEXIST).
+		b.dropRuns = append(b.dropRuns, Run{b.base, uint64(b.moved) * uffd.PageSize})
+	}
+	return b.dropRuns
 }
 
 // settle clears Zapping on the pages the agent dropped from the program: their drop is done,

@@ -22,8 +22,11 @@ type Target interface {
 	Table() *pagetable.PageTable
 	// CanEvict reports whether the process has an agent to drop pages.
 	CanEvict() bool
-	// Drop asks the process's agent to madvise(DONTNEED) runs and waits for it.
-	Drop(runs []Run) error
+	// Drop runs commit, then asks the process's agent to madvise(DONTNEED) the runs commit
+	// returned (none: nothing is asked) and waits for it. commit runs under the agent's own
+	// lock: no mapping call the agent makes for the program (the mapping filter's mmap and brk)
+	// comes between the commit and the drop, and lands on a page committed and not yet dropped.
+	Drop(commit func() []Run) error
 	// Staging returns the process's staging area, BatchPages pages made on first use, or 0 if
 	// its pages cannot be moved (a fork child; a kernel without UFFDIO_MOVE). It is registered
 	// on the process's uffd; the REMOVE event of its drop is no change to the layout (the page

@@ -18,7 +18,7 @@ func (n *noAgent) UFFD() int                                                  { 
 func (n *noAgent) Table() *pagetable.PageTable                                { return n.tb }
 func (n *noAgent) CanEvict() bool                                             { return false }
 func (n *noAgent) Space() backend.Space                                       { return 0 }
-func (n *noAgent) Drop([]Run) error                                           { return ErrGone }
+func (n *noAgent) Drop(func() []Run) error                                    { return ErrGone }
 func (n *noAgent) Staging() uint64                                            { return 0 }
 func (n *noAgent) Move(runs []Run, dst uint64, layout uint64, s []byte) error { return ErrGone }
 func (n *noAgent) Fenced(op func() error) error                              { return op() }

@@ -127,9 +127,10 @@ func retryEINTR(call func() error) error {
 }
 
 // Drop implements runtime.Agent.
-func (a *agentConn) Drop(runs []evictor.Run) error {
+func (a *agentConn) Drop(commit func() []evictor.Run) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	runs := commit()
 	var first error
 	for len(runs) > 0 {
 		k := min(len(runs), maxRuns)

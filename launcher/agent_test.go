@@ -79,7 +79,7 @@ func TestAgentConnCloseEndsRequestInFlight(t *testing.T) {
 func TestAgentConnPeerGone(t *testing.T) {
 	a, peer := agentPair(t)
 	unix.Close(peer)
-	if err := a.Drop([]evictor.Run{{Addr: 1 << 30, Len: pageSize}}); !errors.Is(err, evictor.ErrGone) {
+	if err := a.Drop(func() []evictor.Run { return []evictor.Run{{Addr: 1 << 30, Len: pageSize}} }); !errors.Is(err, evictor.ErrGone) {
 		t.Fatalf("Drop to a closed agent = %v, want ErrGone", err)
 	}
 }

@@ -20,8 +20,9 @@ import (
 
 // Agent is the connection to a process's agent thread.
 type Agent interface {
-	// Drop has the agent madvise(DONTNEED) runs and waits for it.
-	Drop(runs []evictor.Run) error
+	// Drop runs commit and has the agent madvise(DONTNEED) the runs it returns, with the
+	// agent's lock held from before commit: evictor.Target's Drop.
+	Drop(commit func() []evictor.Run) error
 	// Move has the agent UFFDIO_MOVE runs into the staging area from dst on (evictor.Target).
 	Move(runs []evictor.Run, dst uint64, layout uint64, status []byte) error
 	// Staging has the agent map a staging area of bytes, registered on the process's uffd, and
@@ -199,14 +200,15 @@ func (p *Process) CanEvict() bool {
 }
 
 // Drop implements evictor.Target.
-func (p *Process) Drop(runs []evictor.Run) error {
+func (p *Process) Drop(commit func() []evictor.Run) error {
 	p.agentMu.Lock()
 	a := p.agent
 	p.agentMu.Unlock()
 	if a == nil {
+		commit() // what was copied out is recorded all the same; nothing is dropped
 		return evictor.ErrGone
 	}
-	return a.Drop(runs)
+	return a.Drop(commit)
 }
 
 // Staging implements evictor.Target. The agent maps the area and registers it on the process's
