@@ -81,10 +81,7 @@ func TestFaultingThreadsGathered(t *testing.T) {
 	if runtime.NumCPU() < 2 {
 		t.Skip("one CPU: nothing to hold")
 	}
-	prog := filepath.Join(t.TempDir(), "gathered")
-	if b, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", prog, "testdata/gathered.c").CombinedOutput(); err != nil {
-		t.Fatalf("building gathered: %v\n%s", err, b)
-	}
+	prog := testProgram(t, t.TempDir(), "gathered")
 	sum := filepath.Join(t.TempDir(), "summary.json")
 	out, err := exec.Command(farmemBin(t), "run", "--quiet", "--summary-json", sum, "--local-mem", "16MiB", "--", prog).CombinedOutput()
 	if err != nil {

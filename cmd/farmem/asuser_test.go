@@ -43,10 +43,7 @@ func nobodyDir(t *testing.T) string {
 func TestAsUserServed(t *testing.T) {
 	runuser := need(t, "/usr/sbin/runuser")
 	dir := nobodyDir(t)
-	bin := filepath.Join(dir, "attachee")
-	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
-		t.Fatalf("building attachee: %v\n%s", err, b)
-	}
+	bin := testProgram(t, dir, "attachee")
 	for _, c := range []struct {
 		name            string
 		capMiB, dataMiB int
@@ -130,10 +127,7 @@ func runAsNobody(t *testing.T, runuser, sum string, capMiB int, script string, a
 func TestAsUserExecsSetuid(t *testing.T) {
 	runuser := need(t, "/usr/sbin/runuser")
 	dir := nobodyDir(t)
-	bin := filepath.Join(dir, "attachee")
-	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
-		t.Fatalf("building attachee: %v\n%s", err, b)
-	}
+	bin := testProgram(t, dir, "attachee")
 	if err := os.Chmod(bin, os.ModeSetuid|0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -309,10 +303,7 @@ func TestAsUserStatic(t *testing.T) {
 func TestAsUserFarmemKilled(t *testing.T) {
 	runuser := need(t, "/usr/sbin/runuser")
 	dir := nobodyDir(t)
-	bin := filepath.Join(dir, "attachee")
-	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
-		t.Fatalf("building attachee: %v\n%s", err, b)
-	}
+	bin := testProgram(t, dir, "attachee")
 	cmd := exec.Command(farmemBin(t), "run", "--local-mem", "32MiB", "--quiet", "--", runuser, "-u", "nobody", "--", bin, "96", "1")
 	a := startAttacheeCmd(t, cmd)
 	if _, _, bad := a.check(t); bad != 0 {
@@ -344,10 +335,7 @@ func rawcloneAsNobody(t *testing.T) (runuser, prog, verdict string) {
 	if err := os.Chmod(dir, 0o777); err != nil { // the child writes its verdict there
 		t.Fatal(err)
 	}
-	prog = filepath.Join(dir, "rawclone")
-	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
-		t.Fatalf("building rawclone: %v\n%s", err, b)
-	}
+	prog = testProgram(t, dir, "rawclone")
 	return runuser, prog, filepath.Join(dir, "child")
 }
 
@@ -473,10 +461,7 @@ func TestAttachAsUserForkingThreads(t *testing.T) {
 
 // attacheeAsNobody returns the command that runs the attachee with args as user nobody.
 func attacheeAsNobody(t *testing.T, args ...string) *exec.Cmd {
-	bin := filepath.Join(nobodyDir(t), "attachee")
-	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", bin, "testdata/attachee.c").CombinedOutput(); err != nil {
-		t.Fatalf("building attachee: %v\n%s", err, b)
-	}
+	bin := testProgram(t, nobodyDir(t), "attachee")
 	cmd := exec.Command(bin, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	return cmd

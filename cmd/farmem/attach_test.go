@@ -34,10 +34,7 @@ type attachee struct {
 // attacheeBin builds testdata/attachee.c and returns its path.
 func attacheeBin(t *testing.T) string {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "attachee")
-	if b, err := exec.Command("gcc", "-O2", "-pthread", "-o", out, "testdata/attachee.c").CombinedOutput(); err != nil {
-		t.Fatalf("building attachee: %v\n%s", err, b)
-	}
+	out := testProgram(t, t.TempDir(), "attachee")
 	return out
 }
 

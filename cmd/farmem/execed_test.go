@@ -232,10 +232,7 @@ func TestShortExecedImagesEntered(t *testing.T) {
 // it, instead of keeping the old image in the run.
 func TestExecedUnenterableNamed(t *testing.T) {
 	dir := t.TempDir()
-	tracer := filepath.Join(dir, "tracedexec")
-	if b, err := exec.Command("gcc", "-O2", "-o", tracer, "testdata/tracedexec.c").CombinedOutput(); err != nil {
-		t.Fatalf("building the tracer: %v\n%s", err, b)
-	}
+	tracer := testProgram(t, dir, "tracedexec")
 	prog := staticGo(t)
 	want := native(t, prog, "64", "100")
 	sum := filepath.Join(dir, "summary.json")

@@ -118,10 +118,7 @@ func (a *attachee) forkedRight(t *testing.T, n int, stderr *syncBuffer) {
 // A daemon's parent exits as soon as it has forked: its child, orphaned before its hello, still
 // finds its FORK event, and reads every evicted page back right. farmem waits for it.
 func TestOrphanedForkChildServed(t *testing.T) {
-	prog := filepath.Join(t.TempDir(), "daemonize")
-	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/daemonize.c").CombinedOutput(); err != nil {
-		t.Fatalf("building daemonize: %v\n%s", err, b)
-	}
+	prog := testProgram(t, t.TempDir(), "daemonize")
 	want, err := exec.Command(prog, "48").Output()
 	if err != nil || !strings.HasPrefix(string(want), "child ok") {
 		t.Fatalf("natively: %q, %v", want, err)
@@ -143,10 +140,7 @@ func TestOrphanedForkChildServed(t *testing.T) {
 // is gone. Unkilled, it reads every page back right.
 func TestRawCloneChildDiesWithFarmem(t *testing.T) {
 	dir := t.TempDir()
-	prog := filepath.Join(dir, "rawclone")
-	if b, err := exec.Command("gcc", "-O2", "-o", prog, "testdata/rawclone.c").CombinedOutput(); err != nil {
-		t.Fatalf("building rawclone: %v\n%s", err, b)
-	}
+	prog := testProgram(t, dir, "rawclone")
 	for _, how := range []string{"clone", "_Fork"} {
 		out := filepath.Join(dir, "child-"+how)
 		if b, err := exec.Command(farmemBin(t), "run", "--quiet", "--local-mem", "16MiB", "--", prog, "64", "0", out, how).CombinedOutput(); err != nil {

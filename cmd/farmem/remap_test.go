@@ -18,10 +18,7 @@ import (
 // out while the buffer moves.
 func TestRemapWhileEvicting(t *testing.T) {
 	dir := t.TempDir()
-	prog := filepath.Join(dir, "remappong")
-	if b, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", prog, "testdata/remappong.c").CombinedOutput(); err != nil {
-		t.Fatalf("building remappong: %v\n%s", err, b)
-	}
+	prog := testProgram(t, dir, "remappong")
 	for _, mode := range []string{"farmem", "program"} {
 		for run := range 2 {
 			summary := filepath.Join(dir, "summary.json")

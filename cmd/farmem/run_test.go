@@ -34,6 +34,16 @@ func farmemBin(t *testing.T) string {
 	return p
 }
 
+// testProgram builds testdata/name.c into dir and returns the program's path.
+func testProgram(t *testing.T, dir, name string) string {
+	t.Helper()
+	prog := filepath.Join(dir, name)
+	if b, err := exec.Command("gcc", "-O2", "-Wall", "-pthread", "-o", prog, filepath.Join("testdata", name+".c")).CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", name, err, b)
+	}
+	return prog
+}
+
 func need(t *testing.T, prog string) string {
 	t.Helper()
 	p, err := exec.LookPath(prog)
