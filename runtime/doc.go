@@ -38,9 +38,10 @@
 //	Process.brkMu       held across the agent's two brk calls of one notified brk, so that the
 //	                    next brk starts from the break this one left (mapfilter.go); only the
 //	                    goroutines serving notifications take it, never the fault thread
-//	Process.life        read-held by an eviction batch or a prefetch batch for its whole length
-//	                    (Hold), write-held by retire while it stops the fetcher and closes the
-//	                    uffd (taken first: a batch's read may need the fault thread to end)
+//	Process.life        read-held by an eviction batch or a prefetch batch for its whole length,
+//	                    and by Register and Rescan (Hold), write-held by retire while it stops
+//	                    the fetcher and closes the uffd (taken first: a batch's read may need the
+//	                    fault thread to end)
 //	agent's own lock    the Agent's (launcher/proto.go): one request at a time, held across its
 //	                    round trip to the agent thread; taken by batches (Drop, Move) and mapping
 //	                    calls (Syscall)

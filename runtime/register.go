@@ -16,10 +16,18 @@ const RegisterMode = uffd.ModeMissing | uffd.ModeWP
 
 // Register registers [start, start+length) with the process's uffd and adopts its present
 // pages. Before the run is armed it does nothing: arming rescans every mapping.
+//
+// Register and Rescan hold the process's life (Hold) across their calls on its uffd: retire
+// closes the uffd, whose number may be another process's by then, and unmaps the control page
+// through which adopt asks the kernel in program mode.
 func (p *Process) Register(start, length uint64) error {
 	if !p.rt.Armed() {
 		return nil
 	}
+	if !p.Hold() {
+		return nil // retired, or being detached: nothing of it is served any more
+	}
+	defer p.Release()
 	fresh, err := p.register(start, length)
 	if err != nil || !fresh {
 		return err
@@ -149,6 +157,10 @@ func (p *Process) ours(start, length uint64) (mine, wait bool) {
 // pages it found present in them (pages the program took unseen), and adopts again the ranges
 // whose adoption was cut short (adoptLater).
 func (p *Process) Rescan() (adopted int64) {
+	if !p.Hold() {
+		return 0 // retired, or being detached
+	}
+	defer p.Release()
 	// Register every mapping first and adopt after: from its registration on, a mapping's new
 	// pages fault (and count against the cap); adopting first would leave the later mappings
 	// open to untracked growth for as long as the pagemap reads take.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/farmem/farmem/backend"
 	"github.com/farmem/farmem/pagetable"
@@ -87,4 +88,62 @@ func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
 		t.Errorf("%d pages still stored after every process retired, want 0", n)
 	}
 	b.Close()
+}
+
+// A retired process's uffd is closed, and its number may be another uffd's by then: a mapping
+// the process's filter or shim reports after its retire (their goroutines run on) is registered
+// on nothing.
+func TestRetiredProcessRegistersNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for userfaultfd")
+	}
+	b := backend.NewCompressed(nil)
+	defer b.Close()
+	rt, err := New(Config{CapPages: 1 << 20, Backend: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.Start()
+	defer rt.Close()
+	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := uffd.API(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	p, err := rt.newProcess(fd, pagetable.New(&rt.resident, rt.slots))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	rt.procs[p] = true
+	rt.mu.Unlock()
+	p.fetch.Start()
+	rt.armed.Store(true)
+	rt.retire(p)
+
+	// The next uffd made takes the retired one's number.
+	other, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(other)
+	if other != fd {
+		t.Skipf("the retired uffd's number %d was not reused (%d)", fd, other)
+	}
+	if _, _, err := uffd.API(other, 0); err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(-1, 0, 4*PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	mem[0] = 1 // present: a zero-page request on it answers EEXIST if registered, ENOENT if not
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	p.Register(start, 4*PageSize)
+	if _, err := uffd.ZeroPage(other, start, PageSize, uffd.ZeroPageDontWake); err != unix.ENOENT {
+		t.Fatalf("after the retired process's Register, a zero-page request on the uffd now at its old number: %v, want ENOENT (the range registered on another's uffd)", err)
+	}
 }
