@@ -304,6 +304,17 @@ func content(i, version int) []byte {
 	return b
 }
 
+// programContent is what page i, of kind k, holds in the program before any batch.
+func programContent(i int, k kind) []byte {
+	switch k {
+	case zero:
+		return make([]byte, ps)
+	case guessNew:
+		return content(i, 1)
+	}
+	return content(i, 0)
+}
+
 func sum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // newFakeProc maps and fills the region as layout says, registers it, and starts the reader.
@@ -675,16 +686,7 @@ func TestBatchMoveStale(t *testing.T) {
 	}
 	p.tb.Unlock()
 	for i, k := range layout {
-		want := content(i, 0)
-		switch k {
-		case untouched:
-			continue
-		case zero:
-			want = make([]byte, ps)
-		case guessNew:
-			want = content(i, 1)
-		}
-		if !bytes.Equal(p.bytes(i), want) {
+		if k != untouched && !bytes.Equal(p.bytes(i), programContent(i, k)) {
 			t.Errorf("page %d (kind %d): content changed by a stale batch", i, k)
 		}
 	}
@@ -831,16 +833,7 @@ func TestBatchDropUnreadLayoutEvent(t *testing.T) {
 	}
 	p.tb.Unlock()
 	for i, k := range layout {
-		want := content(i, 0)
-		switch k {
-		case untouched:
-			continue
-		case zero:
-			want = make([]byte, ps)
-		case guessNew:
-			want = content(i, 1)
-		}
-		if i != replaced && !bytes.Equal(p.bytes(i), want) {
+		if k != untouched && i != replaced && !bytes.Equal(p.bytes(i), programContent(i, k)) {
 			t.Errorf("page %d (kind %d): content changed", i, k)
 		}
 	}

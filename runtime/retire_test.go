@@ -12,15 +12,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A process whose retire has begun but not yet released its slots is still live: the launcher
-// closes the backend once Live reaches 0 and Close returns, and a slot released after that
-// would free into a closed store. (CI caught exactly this: an exit watcher's retire, waiting
-// for an eviction batch to finish, cleared its page table after the backend had closed.)
-func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for userfaultfd")
-	}
-	b := backend.NewCompressed(nil)
+// servedProcess starts a runtime on backend b and serves a process of it (no program: a uffd of
+// this process's, with no features) with its fault thread started; it returns the uffd too.
+func servedProcess(t *testing.T, b backend.Backend) (*Runtime, *Process, int) {
+	t.Helper()
 	rt, err := New(Config{CapPages: 1 << 20, Backend: b})
 	if err != nil {
 		t.Fatal(err)
@@ -41,6 +36,19 @@ func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
 	rt.procs[p] = true
 	rt.mu.Unlock()
 	p.fetch.Start()
+	return rt, p, fd
+}
+
+// A process whose retire has begun but not yet released its slots is still live: the launcher
+// closes the backend once Live reaches 0 and Close returns, and a slot released after that
+// would free into a closed store. (CI caught exactly this: an exit watcher's retire, waiting
+// for an eviction batch to finish, cleared its page table after the backend had closed.)
+func TestRetireInProgressKeepsTheRunLive(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for userfaultfd")
+	}
+	b := backend.NewCompressed(nil)
+	rt, p, _ := servedProcess(t, b)
 
 	// The process holds one stored page.
 	page := make([]byte, PageSize)
@@ -99,27 +107,8 @@ func TestRetiredProcessRegistersNothing(t *testing.T) {
 	}
 	b := backend.NewCompressed(nil)
 	defer b.Close()
-	rt, err := New(Config{CapPages: 1 << 20, Backend: b})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt.Start()
+	rt, p, fd := servedProcess(t, b)
 	defer rt.Close()
-	fd, err := uffd.Open(unix.O_CLOEXEC | unix.O_NONBLOCK)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := uffd.API(fd, 0); err != nil {
-		t.Fatal(err)
-	}
-	p, err := rt.newProcess(fd, pagetable.New(&rt.resident, rt.slots))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt.mu.Lock()
-	rt.procs[p] = true
-	rt.mu.Unlock()
-	p.fetch.Start()
 	rt.armed.Store(true)
 	rt.retire(p)
 
