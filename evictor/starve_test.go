@@ -21,7 +21,7 @@ func (n *noAgent) Space() backend.Space                                       { 
 func (n *noAgent) Drop(func() []Run) error                                    { return ErrGone }
 func (n *noAgent) Staging() uint64                                            { return 0 }
 func (n *noAgent) Move(runs []Run, dst uint64, layout uint64, s []byte) error { return ErrGone }
-func (n *noAgent) Fenced(op func() error) error                              { return op() }
+func (n *noAgent) Fenced(op func() error) error                               { return op() }
 func (n *noAgent) Fail(error)                                                 {}
 func (n *noAgent) WakeIfWaiting()                                             {}
 func (n *noAgent) Hold() bool                                                 { return true }
