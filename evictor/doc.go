@@ -81,8 +81,9 @@
 // by address, so it commits them only while the page table holds the layout as it is: with a
 // layout event raised and not yet applied (the kernel fails an ioctl on the uffd meanwhile), an
 // address may hold another page than the one copied out, and the drop way is given up, its
-// victims left in the program. Between the commit and the agent's drop the layout is not fenced
-// yet (docs/DESIGN.md, "Evicting a page").
+// victims left in the program. The commit and the drop run under the agent's lock, so no mapping
+// call the agent makes for the program comes between them; the program's own mremap and small
+// mmaps still can (docs/DESIGN.md, "The drop way and the program's layout changes").
 //
 // # Files
 //
